@@ -1,0 +1,27 @@
+"""Shared fixtures: a tiny Qwen2 model built locally (no hub) and the offline benchmark files."""
+
+from pathlib import Path
+
+import pytest
+
+from erpo_lightning.tiny import load_tiny_model, save_tiny_model
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> Path:
+    """Directory of a randomly initialised tiny Qwen2ForCausalLM + byte-level tokenizer (save_pretrained format)."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture()
+def tiny_model(tiny_model_path):
+    return load_tiny_model(tiny_model_path)
+
+
+@pytest.fixture(scope="session")
+def benchmarks_dir() -> Path:
+    path = SHARED_DATA / "benchmarks"
+    assert path.is_dir(), f"offline benchmark files not found at {path} (../shared beside the checkout)"
+    return path

@@ -1,0 +1,194 @@
+"""The objectives against hand computation and invariants."""
+
+import math
+
+import pytest
+import torch
+
+from erpo_lightning import objectives as obj
+
+
+def test_group_advantages_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    std = math.sqrt(4 * 0.25 / 3)  # unbiased std of [1, 0, 0, 1]
+    grpo = obj.group_advantages(rewards, 4, "grpo")
+    expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]) / torch.tensor([std + 1e-6] * 4 + [1.0] * 4)
+    torch.testing.assert_close(grpo, expected)
+    torch.testing.assert_close(obj.group_advantages(rewards, 4, "dr_grpo"), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    # leave-one-out: 1 - mean(0, 0, 1) = 2/3 ; 0 - mean(1, 0, 1) = -2/3
+    torch.testing.assert_close(
+        obj.group_advantages(rewards, 4, "rloo"), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0])
+    )
+    torch.testing.assert_close(obj.group_advantages(rewards, 4, "reinforce"), rewards - 0.75)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "dr_grpo"])
+def test_group_advantages_sum_to_zero_and_constant_groups_are_zero(estimator):
+    torch.manual_seed(0)
+    rewards = torch.rand(6 * 5)
+    rewards[10:15] = 0.7  # one constant group
+    advantages = obj.group_advantages(rewards, 5, estimator)
+    torch.testing.assert_close(advantages.view(6, 5).sum(1), torch.zeros(6), atol=1e-5, rtol=0)
+    assert torch.equal(advantages[10:15], torch.zeros(5))
+    assert torch.isfinite(advantages).all()
+
+
+def test_group_advantages_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        obj.group_advantages(torch.zeros(7), 4)
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        obj.group_advantages(torch.zeros(4), 1, "grpo")
+    with pytest.raises(ValueError, match="unknown estimator"):
+        obj.group_advantages(torch.zeros(4), 2, "ppo")
+
+
+def test_policy_gradient_loss_by_hand():
+    # One token per sequence; ratios 1.5, 0.5, 5.0, 1.0 with advantages 1, -1, -1, 2.
+    old = torch.zeros(4, 1)
+    logprobs = torch.log(torch.tensor([[1.5], [0.5], [5.0], [1.0]]))
+    advantages = torch.tensor([1.0, -1.0, -1.0, 2.0])
+    mask = torch.ones(4, 1)
+    loss, stats = obj.policy_gradient_loss(logprobs, old, advantages, mask, clip_low=0.2)
+    # -min(1.5, 1.2) ; -min(-0.5, -0.8) ; -min(-5, -1.2) ; -min(2, 2)
+    torch.testing.assert_close(loss[:, 0], torch.tensor([-1.2, 0.8, 5.0, -2.0]))
+    assert stats["clip_frac_high"].item() == pytest.approx(0.25)
+    assert stats["clip_frac_low"].item() == pytest.approx(0.25)  # ratio 0.5 < 0.8 with A < 0
+    loss, stats = obj.policy_gradient_loss(logprobs, old, advantages, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    torch.testing.assert_close(loss[:, 0], torch.tensor([-1.28, 0.8, 3.0, -2.0]))
+    assert stats["dual_clip_frac"].item() == pytest.approx(0.25)
+
+
+def test_policy_gradient_on_policy_gradient_is_reinforce():
+    torch.manual_seed(0)
+    logprobs = torch.randn(3, 5, requires_grad=True)
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float32)
+    loss, _ = obj.policy_gradient_loss(logprobs, logprobs.detach(), advantages, mask)
+    loss.sum().backward()
+    torch.testing.assert_close(logprobs.grad, -advantages[:, None] * mask)
+
+
+def test_aggregate_modes_by_hand():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    weights = torch.tensor([2.0, 0.5])
+    assert obj.aggregate(per_token, mask, "token_mean").item() == pytest.approx(10 / 4)
+    assert obj.aggregate(per_token, mask, "token_mean", seq_weights=weights).item() == pytest.approx((12 + 2) / 4)
+    assert obj.aggregate(per_token, mask, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)
+    assert obj.aggregate(per_token, mask, "seq_mean_token_sum").item() == pytest.approx((6 + 4) / 2)
+    assert obj.aggregate(per_token, mask, "seq_sum_constant", constant=5).item() == pytest.approx((6 + 4) / 2 / 5)
+    assert obj.aggregate(per_token, mask, "token_mean", normalizer=8).item() == pytest.approx(10 / 8)
+    with pytest.raises(ValueError, match="constant"):
+        obj.aggregate(per_token, mask, "seq_sum_constant")
+
+
+def test_token_mean_equals_flat_masked_mean():
+    torch.manual_seed(1)
+    per_token = torch.randn(5, 7)
+    mask = (torch.rand(5, 7) > 0.3).float()
+    flat = per_token[mask.bool()]
+    torch.testing.assert_close(obj.aggregate(per_token, mask, "token_mean"), flat.mean())
+
+
+def test_micro_batches_with_global_normalizer_sum_to_full_batch_loss():
+    torch.manual_seed(2)
+    per_token = torch.randn(8, 6)
+    mask = (torch.rand(8, 6) > 0.4).float()
+    full = obj.aggregate(per_token, mask, "token_mean")
+    parts = sum(obj.aggregate(per_token[i : i + 3], mask[i : i + 3], "token_mean", normalizer=mask.sum()) for i in (0, 3, 6))
+    torch.testing.assert_close(parts, full)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_padding_never_changes_a_result(mode):
+    torch.manual_seed(3)
+    logprobs = -torch.rand(4, 5)
+    old = logprobs + 0.1 * torch.randn(4, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float32)
+    advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])
+    loss, stats = obj.policy_gradient_loss(logprobs, old, advantages, mask)
+    value = obj.aggregate(loss, mask, mode)
+    # Three more padding columns, and junk (huge finite values) under every padded position.
+    junk = 1e4 * torch.ones(4, 3)
+    padded_mask = torch.cat([mask, torch.zeros(4, 3)], 1)
+    padded_lp = torch.where(padded_mask.bool(), torch.cat([logprobs, junk], 1), 1e4)
+    padded_old = torch.where(padded_mask.bool(), torch.cat([old, -junk], 1), -1e4)
+    padded_loss, padded_stats = obj.policy_gradient_loss(padded_lp, padded_old, advantages, padded_mask)
+    torch.testing.assert_close(obj.aggregate(padded_loss, padded_mask, mode), value)
+    for key in stats:
+        torch.testing.assert_close(padded_stats[key], stats[key])
+
+
+def test_kl_penalty_by_hand():
+    logprobs = torch.tensor([-1.0, -2.0, -30.0])
+    ref = torch.tensor([-1.5, -1.0, -1.0])
+    torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k1"), torch.tensor([0.5, -1.0, -29.0]))
+    torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k2"), torch.tensor([0.125, 0.5, 420.5]))
+    delta = torch.tensor([-0.5, 1.0, 10.0])  # ref - logp, the last clamped from 29 to 10
+    torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k3"), torch.exp(delta) - delta - 1)
+
+
+def test_query_kl_by_hand():
+    current = torch.tensor([[0.0, -1.0, -2.0], [0.0, 0.0, -3.0]])  # row 1 has one left-pad column
+    reference = torch.tensor([[0.0, -1.5, -2.0], [0.0, 0.0, -2.0]])
+    mask = torch.tensor([[0, 1, 1], [0, 0, 1]])
+    k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
+    token = ((k3(-0.5) + k3(0.0)) / 2 + k3(1.0)) / 2
+    sequence = (k3(-0.5) + k3(1.0)) / 2
+    assert obj.query_kl(current, reference, mask, "token_k3").item() == pytest.approx(token, rel=1e-6)
+    assert obj.query_kl(current, reference, mask, "sequence_k3").item() == pytest.approx(sequence, rel=1e-6)
+    assert obj.query_kl(current, reference, mask, "token_k3", normalizer=4).item() == pytest.approx(token / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ["token_k3", "sequence_k3"])
+def test_query_kl_is_zero_at_reference_and_grows_with_drift(estimator):
+    torch.manual_seed(4)
+    reference = -torch.rand(6, 10) * 3
+    mask = (torch.rand(6, 10) > 0.2).float()
+    assert obj.query_kl(reference.clone(), reference, mask, estimator).item() == 0.0
+    drift = torch.randn(6, 10)
+    values = [obj.query_kl(reference + scale * drift, reference, mask, estimator).item() for scale in (0.01, 0.1, 0.5)]
+    assert 0 < values[0] < values[1] < values[2]
+
+
+@pytest.mark.parametrize("estimator", ["token_k3", "sequence_k3"])
+def test_query_kl_gradient_flows_only_through_query_logprobs(estimator):
+    """Query-KL computed from one [prompt; response] log-prob tensor: zero gradient on every response position."""
+    torch.manual_seed(5)
+    group_size, prompt_length = 3, 4
+    token_logprobs = (-torch.rand(6, 9)).requires_grad_()
+    attention_mask = torch.ones(6, 9, dtype=torch.long)
+    attention_mask[3:, :1] = 0  # second query's prompt is left-padded by one
+    attention_mask[1, 7:] = 0  # a short response
+    query_lp, query_mask, response_lp, response_mask = obj.split_prompt_response(token_logprobs, attention_mask, prompt_length)
+    unique = slice(0, None, group_size)  # one row per query
+    reference = query_lp[unique].detach() - 0.3
+    loss = obj.query_kl(query_lp[unique], reference, query_mask[unique], estimator)
+    loss.backward()
+    grad = token_logprobs.grad
+    assert torch.equal(grad[:, prompt_length:], torch.zeros_like(grad[:, prompt_length:]))
+    assert (grad[0, 1:prompt_length] != 0).all() and (grad[3, 2:prompt_length] != 0).all()
+    assert torch.equal(grad[:, 0], torch.zeros(6)) and grad[3, 1] == 0  # unscored first tokens and padding
+    assert torch.equal(grad[[1, 2, 4, 5]], torch.zeros(4, 9))  # the duplicate rows of each group do not count
+
+
+def test_query_weights_by_hand_and_invariants():
+    nll = torch.tensor([10.0, 20.0, 40.0, 2.0])
+    weights = obj.query_weights(nll, 20.0)
+    torch.testing.assert_close(weights, torch.tensor([2.0, 1.0, 0.5, 2.0]))  # 20/2 = 10 clipped to 2
+    torch.testing.assert_close(obj.query_weights(torch.full((5,), 7.0), 7.0), torch.ones(5))
+    torch.manual_seed(6)
+    random_nll = torch.rand(100) * 50 + 0.1
+    weights = obj.query_weights(random_nll, random_nll.mean(), clip=(0.25, 1.5))
+    assert weights.min() >= 0.25 and weights.max() <= 1.5
+    torch.testing.assert_close(obj.batch_query_weights(nll), 18.0 / nll)  # released code: batch mean, no clip
+    assert obj.query_weights(torch.tensor([0.0]), 5.0).item() == 2.0
+
+
+def test_split_prompt_response_by_hand():
+    token_logprobs = torch.arange(12, dtype=torch.float32).view(2, 6)
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]])
+    query_lp, query_mask, response_lp, response_mask = obj.split_prompt_response(token_logprobs, attention_mask, 3)
+    assert torch.equal(query_mask, torch.tensor([[0, 1, 1], [0, 0, 1]]))
+    assert torch.equal(response_mask, torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    assert torch.equal(query_lp, token_logprobs[:, :3]) and torch.equal(response_lp, token_logprobs[:, 3:])

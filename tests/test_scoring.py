@@ -1,0 +1,44 @@
+"""Log-probs over padded [prompt; response] batches equal unpadded forwards, token by token."""
+
+import torch
+from transformers import AutoTokenizer
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.scoring import gather_token_logprobs, prompt_response_token_logprobs, sequence_logprobs
+
+
+def _left_pad(rows, pad_id, width):
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def test_left_padded_logprobs_equal_unpadded_forward(tiny_model, tiny_model_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    texts = ["What is 2 + 3?", "Compute 12 * 7, then add 5.", "Hi"]
+    rows = [tokenizer(t)["input_ids"] for t in texts]
+    ids, mask = _left_pad(rows, tokenizer.pad_token_id, max(map(len, rows)))
+    with torch.no_grad():
+        padded = sequence_logprobs(tiny_model, ids, mask)
+        for i, row in enumerate(rows):
+            alone = gather_token_logprobs(tiny_model(torch.tensor([row])).logits, torch.tensor([row]))[0]
+            torch.testing.assert_close(padded[i, -len(row) :][1:], alone[1:], atol=1e-5, rtol=0)
+
+
+def test_prompt_response_temperature_applies_to_response_only(tiny_model):
+    torch.manual_seed(0)
+    prompt_length, temperature = 5, 0.7
+    ids = torch.randint(0, 250, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        logits = tiny_model(ids, attention_mask=mask).logits
+    token_logprobs = prompt_response_token_logprobs(logits, ids, prompt_length, temperature)
+    query_lp, query_mask, response_lp, _ = obj.split_prompt_response(token_logprobs, mask, prompt_length)
+    at_one = torch.log_softmax(logits.float(), -1)
+    tempered = torch.log_softmax(logits.float() / temperature, -1)
+    for t in range(1, prompt_length):
+        torch.testing.assert_close(query_lp[:, t], at_one[torch.arange(2), t - 1, ids[:, t]])
+    for j in range(ids.shape[1] - prompt_length):
+        t = prompt_length + j
+        torch.testing.assert_close(response_lp[:, j], tempered[torch.arange(2), t - 1, ids[:, t]])
