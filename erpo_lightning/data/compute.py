@@ -1,0 +1,169 @@
+"""Compute reference query scores: batched, length-sorted, sharded across ranks, resumable.
+
+Queries are sorted by length (longest first, so an out-of-memory shows at once) and cut into chunks of
+`chunk_size` queries; rank r scores chunks r, r + world_size, ... Each finished chunk is written to `chunk_dir`
+(safetensors), so a restarted run skips it. Within a chunk, batches hold at most `max_tokens` padded tokens.
+
+Prompts are right-padded with an all-ones attention mask: causal attention never lets a real token see the padding
+after it, so every real position is scored exactly as in an unpadded forward, with no position-id shift and the
+fast causal attention kernels. Scores come from `scoring.sequence_logprobs`, the function the trainer uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from safetensors.torch import load_file
+
+from erpo_lightning.data.cache import ReferenceScoreCache, atomic_save_file
+from erpo_lightning.scoring import sequence_logprobs
+
+Shard = dict[str, torch.Tensor]  # {"query_index" [n], "lengths" [n], "logprobs" [sum(lengths)]}
+Gather = Callable[[Shard], list[Shard]]
+
+
+@dataclass
+class ScoreSettings:
+    """Batching of the cache forward.
+
+    Attributes:
+        max_tokens: padded tokens per forward batch (rows × longest prompt); bounds activation memory.
+        max_batch_size: rows per forward batch.
+        chunk_size: queries per resumable chunk (also the unit of work shared between ranks).
+    """
+
+    max_tokens: int = 16384
+    max_batch_size: int = 64
+    chunk_size: int = 512
+
+
+def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[int]]:
+    """Query indices sorted by length (longest first, ties by index) and cut into chunks."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[start : start + chunk_size] for start in range(0, len(order), chunk_size)]
+
+
+def plan_batches(indices: Sequence[int], lengths: Sequence[int], settings: ScoreSettings) -> list[list[int]]:
+    """Greedy batches of length-sorted `indices` with at most `max_tokens` padded tokens and `max_batch_size` rows."""
+    batches: list[list[int]] = []
+    for index in indices:
+        batch = batches[-1] if batches else None
+        width = max([lengths[i] for i in batch] + [lengths[index]]) if batch else lengths[index]
+        if batch and len(batch) < settings.max_batch_size and width * (len(batch) + 1) <= settings.max_tokens:
+            batch.append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
+def right_padded(prompts: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """[B, L] token ids right-padded with token 0 (any id works: padding is after every real token)."""
+    width = max(len(ids) for ids in prompts)
+    out = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        out[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    return out.to(device)
+
+
+@torch.no_grad()
+def score_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Per-token log-probs of each prompt under `model`: one float32 [L_q] CPU tensor per prompt, entry 0 = 0."""
+    device = next(model.parameters()).device
+    input_ids = right_padded(prompts, device)
+    token_logprobs = sequence_logprobs(model, input_ids, torch.ones_like(input_ids)).float().cpu()
+    token_logprobs[:, 0] = 0.0
+    return [token_logprobs[row, : len(ids)].clone() for row, ids in enumerate(prompts)]
+
+
+def _load_chunk(path: Path, expected: list[int]) -> Shard | None:
+    """A chunk written by an earlier run, if it holds exactly the expected queries."""
+    if not path.is_file():
+        return None
+    chunk = load_file(str(path))
+    return chunk if chunk["query_index"].tolist() == expected else None
+
+
+def score_shard(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    rank: int = 0,
+    world_size: int = 1,
+    chunk_dir: str | Path | None = None,
+    settings: ScoreSettings | None = None,
+    progress: bool = True,
+    resume: bool = True,
+) -> Shard:
+    """Score this rank's share of the queries (chunks rank, rank + world_size, ...).
+
+    Args:
+        prompts: token ids of every query (all ranks pass the same list).
+        chunk_dir: where finished chunks are written and, on a rerun, read back instead of recomputed;
+            None keeps everything in memory.
+        resume: reuse chunks found in `chunk_dir` (False recomputes and overwrites them).
+    Returns:
+        {"query_index" [n] int64, "lengths" [n] int64, "logprobs" [Σ lengths] float32} for this rank's queries.
+    """
+    settings = settings or ScoreSettings()
+    lengths = [len(ids) for ids in prompts]
+    my_chunks = [(c, chunk) for c, chunk in enumerate(plan_chunks(lengths, settings.chunk_size)) if c % world_size == rank]
+    done: list[Shard] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"), TimeRemainingColumn())
+    with Progress(*columns, disable=not progress or rank != 0) as bar:
+        task = bar.add_task(f"reference scores (rank {rank}/{world_size})", total=sum(lengths[i] for _, c in my_chunks for i in c))
+        for chunk_number, chunk in my_chunks:
+            path = Path(chunk_dir) / f"chunk_{chunk_number:06d}.safetensors" if chunk_dir else None
+            result = _load_chunk(path, chunk) if path and resume else None
+            if result is None:
+                rows: dict[int, torch.Tensor] = {}
+                for batch in plan_batches(chunk, lengths, settings):
+                    rows.update(zip(batch, score_batch(model, [prompts[i] for i in batch])))
+                    bar.advance(task, sum(lengths[i] for i in batch))
+                result = {
+                    "query_index": torch.tensor(chunk, dtype=torch.long),
+                    "lengths": torch.tensor([lengths[i] for i in chunk], dtype=torch.long),
+                    "logprobs": torch.cat([rows[i] for i in chunk]),
+                }
+                if path:
+                    atomic_save_file(result, path)
+            else:
+                bar.advance(task, int(result["lengths"].sum()))
+            done.append(result)
+    if not done:
+        return {"query_index": torch.zeros(0, dtype=torch.long), "lengths": torch.zeros(0, dtype=torch.long), "logprobs": torch.zeros(0)}
+    return {key: torch.cat([shard[key] for shard in done]) for key in ("query_index", "lengths", "logprobs")}
+
+
+def assemble(shards: Sequence[Shard], num_queries: int) -> ReferenceScoreCache:
+    """Merge the shards of all ranks into the cache, in query order; every query must appear exactly once."""
+    index = torch.cat([shard["query_index"] for shard in shards])
+    rows = [row for shard in shards for row in torch.split(shard["logprobs"], shard["lengths"].tolist())]
+    if sorted(index.tolist()) != list(range(num_queries)):
+        raise RuntimeError(f"the shards hold {index.numel()} query scores, not each of the {num_queries} queries once")
+    return ReferenceScoreCache.from_rows([rows[position] for position in index.argsort().tolist()])
+
+
+def compute_reference_scores(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    rank: int = 0,
+    world_size: int = 1,
+    gather: Gather | None = None,
+    chunk_dir: str | Path | None = None,
+    settings: ScoreSettings | None = None,
+    progress: bool = True,
+    resume: bool = True,
+) -> ReferenceScoreCache:
+    """Reference scores of all `prompts`: each rank scores its shard, `gather` collects all shards on every rank.
+
+    Args:
+        gather: maps this rank's shard to the list of every rank's shard (e.g. `torch.distributed.all_gather_object`);
+            None when world_size is 1.
+    """
+    if world_size > 1 and gather is None:
+        raise ValueError("world_size > 1 needs a gather callable that collects the shards of all ranks")
+    shard = score_shard(model, prompts, rank, world_size, chunk_dir, settings, progress, resume)
+    return assemble(gather(shard) if gather else [shard], len(prompts))

@@ -1,0 +1,260 @@
+"""`QueryDataModule`: streams training queries with their cached reference scores and ERPO weights w(q).
+
+On `setup("fit")` it loads and validates the sources, renders the prompts, and loads the reference score cache, or
+computes it (sharded across the trainer's ranks) when it is missing. The LightningModule takes `datamodule.cache`
+and reads per-token reference log-probs from it during training (`ReferenceScoreCache.padded`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from erpo_lightning.data.cache import SCORES_FILE, ReferenceScoreCache, read_manifest, write_cache
+from erpo_lightning.data.compute import Gather, ScoreSettings, compute_reference_scores
+from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fingerprint_digest
+from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
+from erpo_lightning.data.sources import SourceSpec
+from erpo_lightning.data.templates import resolve_template
+from erpo_lightning.objectives import batch_query_weights, query_weights
+
+WeightSource = Literal["reference", "current", "none"]
+WeightNorm = Literal["dataset", "batch"]
+DEFAULT_CACHE_ROOT = Path(os.environ.get("ERPO_CACHE_HOME", Path.home() / ".cache" / "erpo_lightning")) / "reference"
+
+
+@rank_zero_only
+def report(message: str) -> None:
+    """A one-line progress or summary message, printed once (rank 0)."""
+    print(f"[erpo data] {message}", flush=True)
+
+
+def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
+    """(rank, world_size, gather) of a Lightning strategy; (0, 1, None) without one."""
+    if strategy is None or strategy.world_size == 1:
+        return 0, 1, None
+
+    def gather(shard):
+        shards = [None] * strategy.world_size
+        torch.distributed.all_gather_object(shards, shard)
+        return shards
+
+    return strategy.global_rank, strategy.world_size, gather
+
+
+class QueryDataModule(LightningDataModule):
+    """Training queries for RLVR with ERPO's reference scores and per-query weights.
+
+    Args:
+        model_path: local directory or Hub id of the initial policy: its tokenizer renders the prompts and its
+            weights are the frozen reference θ0 of the score cache.
+        train: sources (`SourceSpec` or dicts with `name` | `path` | `hub_id`, field map, `limit`, ...).
+        template: prompt preset (`qwen25-math-cot`, `erpo-paper`, `plain`); `use_chat_template`, `system_prompt`
+            and `suffix` override the preset's values when not None ("" clears a text).
+        max_prompt_length: longest prompt in tokens (template included); longer ones follow `overlong`.
+        overlong: "drop" (counted and reported) or "error".
+        skip_invalid: skip bad rows (counted and reported) instead of failing on them.
+        batch_size: queries per RL step on each device.
+        shuffle, seed, num_workers: the training DataLoader's.
+        cache_dir: where the reference score cache lives; None uses a directory named by the fingerprint under
+            $ERPO_CACHE_HOME (default ~/.cache/erpo_lightning), so a changed model or data never meets a stale cache.
+        cache_force: recompute the cache even if one exists.
+        cache_dtype: dtype of the reference forward ("float32", "bfloat16", "float16").
+        cache_device: device of the reference forward; None uses the trainer's device (else CUDA if available).
+        cache_max_tokens, cache_batch_size, cache_chunk_size: see `ScoreSettings`.
+        weight_source: "reference" (the paper: w from the cached reference NLL), "current" (the released code: the
+            LightningModule computes w from the current policy; batches carry 1.0) or "none" (w = 1).
+        weight_norm: normalise the NLL by its mean over the whole training set ("dataset", the paper) or over the
+            batch ("batch", the released code).
+        weight_clip: [lo, hi] clip of w, or None (the released code does not clip).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        train: list[SourceSpec],
+        template: str = "qwen25-math-cot",
+        use_chat_template: bool | None = None,
+        system_prompt: str | None = None,
+        suffix: str | None = None,
+        max_prompt_length: int = 1024,
+        overlong: Overlong = "drop",
+        skip_invalid: bool = False,
+        batch_size: int = 8,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        cache_force: bool = False,
+        cache_dtype: str = "float32",
+        cache_device: str | None = None,
+        cache_max_tokens: int = 16384,
+        cache_batch_size: int = 64,
+        cache_chunk_size: int = 512,
+        weight_source: WeightSource = "reference",
+        weight_norm: WeightNorm = "dataset",
+        weight_clip: Sequence[float] | None = (0.0, 2.0),
+    ) -> None:
+        super().__init__()
+        if weight_source not in ("reference", "current", "none") or weight_norm not in ("dataset", "batch"):
+            raise ValueError(f"weight_source {weight_source!r} / weight_norm {weight_norm!r} not understood")
+        self.save_hyperparameters()
+        self.model_path = model_path
+        self.sources = list(train)
+        self.template = resolve_template(template, use_chat_template, system_prompt, suffix)
+        self.max_prompt_length, self.overlong, self.skip_invalid = max_prompt_length, overlong, skip_invalid
+        self.batch_size, self.shuffle, self.seed, self.num_workers = batch_size, shuffle, seed, num_workers
+        self.cache_dir, self.cache_force = cache_dir, cache_force
+        self.cache_dtype, self.cache_device = cache_dtype, cache_device
+        self.score_settings = ScoreSettings(cache_max_tokens, cache_batch_size, cache_chunk_size)
+        self.weight_source, self.weight_norm = weight_source, weight_norm
+        self.weight_clip = tuple(weight_clip) if weight_clip is not None else None
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.data: PreparedQueries | None = None
+        self.cache: ReferenceScoreCache | None = None
+        self.query_weight: torch.Tensor | None = None
+
+    # -- data ------------------------------------------------------------------------------------------------------
+
+    def prepare_queries(self) -> PreparedQueries:
+        """Load, validate and tokenize the training set (once)."""
+        if self.data is None:
+            self.data = prepare_queries(
+                self.sources, self.tokenizer, self.template, self.max_prompt_length, self.overlong, self.skip_invalid
+            )
+            report(self.data.summary(self.max_prompt_length))
+        return self.data
+
+    def setup(self, stage: str | None = None) -> None:
+        self.prepare_queries()
+        if stage in ("fit", None) and self.cache is None:
+            strategy = self.trainer.strategy if self.trainer is not None else None
+            self.cache = self.build_or_load_cache(strategy=strategy)
+            self.query_weight = self._dataset_weights(self.cache.nll)
+
+    def _dataset_weights(self, nll: torch.Tensor) -> torch.Tensor | None:
+        """[Q] dataset-normalised w(q), or None when weights are per batch or not taken from the reference."""
+        if self.weight_source != "reference" or self.weight_norm != "dataset":
+            return None
+        weights = query_weights(nll, nll.mean(), self.weight_clip)
+        report(
+            f"query weights from the reference NLL (dataset mean {nll.mean():.2f} nats): w min {weights.min():.3f}, "
+            f"mean {weights.mean():.3f}, max {weights.max():.3f}"
+        )
+        return weights
+
+    def collate(self, indices: list[int]) -> dict:
+        """The training batch for dataset rows `indices` (see the module docstring of `erpo_lightning.data`)."""
+        if self.cache is None:
+            raise RuntimeError("QueryDataModule.setup('fit') has not run: no reference scores to batch with")
+        index = torch.as_tensor(indices, dtype=torch.long)
+        nll = self.cache.nll[index]
+        if self.query_weight is not None:
+            weight = self.query_weight[index]
+        elif self.weight_source == "reference":
+            weight = batch_query_weights(nll, self.weight_clip)
+        else:
+            weight = torch.ones(len(indices))
+        queries = [self.data.queries[i] for i in indices]
+        return {
+            "query_index": index,
+            "query_id": [q.query_id for q in queries],
+            "prompt_ids": [list(self.data.prompt_ids[i]) for i in indices],
+            "answers": [q.answer for q in queries],
+            "query_weight": weight.float(),
+            "ref_query_nll": nll.float(),
+        }
+
+    def train_dataloader(self) -> DataLoader:
+        num_queries = len(self.prepare_queries().queries)
+        return DataLoader(
+            range(num_queries),
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            generator=torch.Generator().manual_seed(self.seed),
+            drop_last=num_queries >= self.batch_size,
+            num_workers=self.num_workers,
+            collate_fn=self.collate,
+        )
+
+    # -- reference score cache --------------------------------------------------------------------------------------
+
+    def cache_manifest(self) -> dict:
+        """The fingerprint of the cache this configuration needs (hashes the model's weight files)."""
+        data = self.prepare_queries()
+        return build_manifest(
+            self.model_path,
+            self.template.to_dict(),
+            data.queries,
+            data.prompt_ids,
+            self.max_prompt_length,
+            self.cache_dtype,
+        )
+
+    def build_or_load_cache(self, force: bool | None = None, strategy=None) -> ReferenceScoreCache:
+        """Load the cache if it exists and matches this run; otherwise compute it and write it (rank 0).
+
+        Args:
+            force: recompute even if a cache exists (default: `cache_force`).
+            strategy: a Lightning strategy to shard the computation over its ranks; None computes on one process.
+        Raises:
+            CacheMismatchError when a cache exists in `cache_dir` but was computed from another model, tokenizer,
+            template or data (the message names the fields and how to rebuild).
+        """
+        force = self.cache_force if force is None else force
+        manifest = self.cache_manifest()
+        digest = fingerprint_digest(manifest)
+        directory = Path(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_ROOT / digest
+        found = read_manifest(directory)
+        if found is not None and not force:
+            check_manifest(found, manifest, directory)
+            cache = ReferenceScoreCache.load(directory / SCORES_FILE)
+            report(f"loaded reference scores of {len(cache)} queries from {directory}")
+            return cache
+
+        rank, world_size, gather = distributed_context(strategy)
+        device = self.cache_device or (strategy.root_device if strategy is not None else None)
+        model = load_reference_model(self.model_path, self.cache_dtype, device)
+        report(
+            f"computing reference scores of {manifest['num_queries']} queries ({manifest['num_prompt_tokens']} tokens)"
+            f" with {self.model_path} on {world_size} rank(s)"
+        )
+        cache = compute_reference_scores(
+            model,
+            self.data.prompt_ids,
+            rank,
+            world_size,
+            gather,
+            chunk_dir=directory / "partial" / f"{digest}-c{self.score_settings.chunk_size}",
+            settings=self.score_settings,
+            resume=not force,
+        )
+        del model
+        if rank == 0:
+            write_cache(directory, cache, manifest)
+            shutil.rmtree(directory / "partial", ignore_errors=True)
+        report(f"wrote reference scores to {directory}")
+        return cache
+
+
+def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:
+    """The initial policy in eval mode, as the frozen reference of the cache."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    return model.to(device).eval()
+
+
+def build_or_load_cache(datamodule: QueryDataModule, force: bool = False, strategy=None) -> ReferenceScoreCache:
+    """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule."""
+    cache = datamodule.build_or_load_cache(force=force, strategy=strategy)
+    datamodule.cache = cache
+    return cache

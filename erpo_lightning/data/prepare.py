@@ -1,0 +1,114 @@
+"""Turn configured sources into the training set: validated queries, their prompt token ids, and a summary.
+
+Everything left out is counted and reported (invalid rows with `skip_invalid`, prompts over `max_prompt_length`
+with `overlong: drop`); with the strict settings it is an error that names the file, row and field instead.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from erpo_lightning.data.sources import DataError, Query, SourceSpec, load_queries
+from erpo_lightning.data.templates import PromptTemplate, tokenize_prompts
+
+Overlong = Literal["drop", "error"]
+
+
+@dataclass
+class PreparedQueries:
+    """The training set. `queries[i]` and `prompt_ids[i]` are row i of the dataset and of the reference cache."""
+
+    queries: list[Query]
+    prompt_ids: list[list[int]]
+    per_source: dict[str, int] = field(default_factory=dict)
+    skipped: Counter = field(default_factory=Counter)
+    dropped_overlong: int = 0
+    longest_dropped: int = 0
+
+    def summary(self, max_prompt_length: int) -> str:
+        """One line saying what was loaded and what was left out, and why."""
+        sources = ", ".join(f"{name}: {count}" for name, count in self.per_source.items())
+        line = f"{len(self.queries)} training queries ({sources})"
+        if self.skipped:
+            reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(self.skipped.items()))
+            line += f"; skipped {sum(self.skipped.values())} invalid rows ({reasons})"
+        if self.dropped_overlong:
+            line += (
+                f"; dropped {self.dropped_overlong} prompts longer than max_prompt_length={max_prompt_length} tokens "
+                f"(longest {self.longest_dropped})"
+            )
+        return line
+
+
+def _drop_cross_source_duplicates(queries: list[Query], skip_invalid: bool, skipped: Counter) -> list[Query]:
+    """Ids are unique within a source (checked on load); two sources with the same label can still collide."""
+    first: dict[str, Query] = {}
+    kept = []
+    for query in queries:
+        if query.query_id in first:
+            earlier = first[query.query_id]
+            if not skip_invalid:
+                raise DataError(
+                    f"{query.source} row {query.row}: duplicate id {query.query_id!r}, already used by {earlier.source} "
+                    f"row {earlier.row}. Give the sources distinct `label`s, or set skip_invalid: true."
+                )
+            skipped["duplicate id"] += 1
+            continue
+        first[query.query_id] = query
+        kept.append(query)
+    return kept
+
+
+def prepare_queries(
+    sources: Sequence[SourceSpec | dict],
+    tokenizer: PreTrainedTokenizerBase,
+    template: PromptTemplate,
+    max_prompt_length: int,
+    overlong: Overlong = "drop",
+    skip_invalid: bool = False,
+) -> PreparedQueries:
+    """Load every source, validate, render and tokenize prompts, and apply the prompt-length policy."""
+    if overlong not in ("drop", "error"):
+        raise ValueError(f"overlong must be 'drop' or 'error', got {overlong!r}")
+    if not sources:
+        raise DataError("no training sources configured (data.train is empty)")
+    queries: list[Query] = []
+    per_source: dict[str, int] = {}
+    skipped: Counter = Counter()
+    for spec in sources:
+        loaded, source_skipped = load_queries(spec, skip_invalid)
+        queries.extend(loaded)
+        skipped.update(source_skipped)
+        if loaded:
+            per_source[loaded[0].source] = per_source.get(loaded[0].source, 0) + len(loaded)
+    queries = _drop_cross_source_duplicates(queries, skip_invalid, skipped)
+    prompt_ids = tokenize_prompts(template, [q.problem for q in queries], tokenizer)
+
+    too_long = [i for i, ids in enumerate(prompt_ids) if len(ids) > max_prompt_length]
+    if too_long and overlong == "error":
+        listed = "\n  ".join(
+            f"{queries[i].source} row {queries[i].row} (id {queries[i].query_id!r}): {len(prompt_ids[i])} tokens"
+            for i in too_long[:10]
+        )
+        raise DataError(
+            f"{len(too_long)} prompt(s) are longer than max_prompt_length={max_prompt_length} tokens "
+            f"(template {template.name!r} included):\n  {listed}\n"
+            "Raise max_prompt_length, or set overlong: drop to leave them out (they are counted and reported)."
+        )
+    keep = set(range(len(queries))) - set(too_long)
+    prepared = PreparedQueries(
+        queries=[q for i, q in enumerate(queries) if i in keep],
+        prompt_ids=[ids for i, ids in enumerate(prompt_ids) if i in keep],
+        per_source=per_source,
+        skipped=skipped,
+        dropped_overlong=len(too_long),
+        longest_dropped=max((len(prompt_ids[i]) for i in too_long), default=0),
+    )
+    if not prepared.queries:
+        raise DataError(f"no training queries left: {prepared.summary(max_prompt_length)}")
+    return prepared
