@@ -1,0 +1,277 @@
+"""RolloutCallback: before every training step, sample G responses per query, score them, attach the batch.
+
+Keys written into the datamodule's batch dict are those of `erpo_lightning.rollout.assemble_batch`, plus
+`prompt_ids` and `answers` rewritten to the kept queries. Metrics are logged under `rollout/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from time import perf_counter
+from typing import Any, Callable, Iterator
+
+import lightning.pytorch as pl
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from erpo_lightning.rollout.batch import assemble_batch, informative_groups, overlong_penalty
+from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings, derive_seed, eval_mode, pad_token_id
+from erpo_lightning.scoring import sequence_logprobs
+
+Reward = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass
+class _Group:
+    """One query and its G scored samples."""
+
+    prompt_ids: list[int]
+    answer: str
+    query_index: int
+    query_weight: float
+    samples: list[Sample]
+    raw_rewards: torch.Tensor  # [G] from the reward function
+    rewards: torch.Tensor  # [G] after overlong shaping: what the advantages see
+    informative: bool  # rewards not all equal
+
+
+class RolloutCallback(pl.Callback):
+    """Generates, scores and packs the rollout of each training batch (`on_train_batch_start`).
+
+    Args:
+        engine: a RolloutEngine (HFEngine, VLLMEngine).
+        reward: `(responses, golds) -> rewards`; an optional `counters()` dict is logged as `rollout/grader_<key>`.
+        group_size: G, responses per query.
+        temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids: sampling settings (see SamplingSettings).
+        seed: None = unseeded; else rollout call c uses `derive_seed(seed, c)`.
+        dynamic_sampling: DAPO: keep only groups whose (raw) rewards differ, generating more batches until B groups.
+        max_refill_rounds: extra generation rounds allowed per step; past it zero-variance groups fill the batch.
+        overlong_filter: mask out the loss of truncated responses (response_mask = 0 on them).
+        overlong_buffer: DAPO soft overlong punishment zone in tokens (0 = off).
+        overlong_penalty_factor: scale of that punishment (reward lowered by up to this much).
+        correct_threshold: a response counts as correct for `rollout/accuracy` when its raw reward is at least this.
+        logprob_check_every: every this many steps, recompute the response log-probs with the policy and log
+            `rollout/logprob_abs_diff` (0 = never; costs one no-grad forward of the batch).
+        logprob_check_micro_batch_size: rows per forward of that check.
+        tokenizer: tokenizer path; None = `pl_module.tokenizer` if present, else the policy's `name_or_path`.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        reward: Reward,
+        group_size: int = 8,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_new_tokens: int = 256,
+        stop: list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        seed: int | None = None,
+        dynamic_sampling: bool = False,
+        max_refill_rounds: int = 3,
+        overlong_filter: bool = False,
+        overlong_buffer: int = 0,
+        overlong_penalty_factor: float = 1.0,
+        correct_threshold: float = 1.0,
+        logprob_check_every: int = 1,
+        logprob_check_micro_batch_size: int = 16,
+        tokenizer: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.reward = reward
+        self.settings = SamplingSettings(
+            n=group_size,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            stop=list(stop or []),
+            stop_token_ids=list(stop_token_ids or []),
+        )
+        self.seed = seed
+        self.dynamic_sampling = dynamic_sampling
+        self.max_refill_rounds = max_refill_rounds
+        self.overlong_filter = overlong_filter
+        self.overlong_buffer = overlong_buffer
+        self.overlong_penalty_factor = overlong_penalty_factor
+        self.correct_threshold = correct_threshold
+        self.logprob_check_every = logprob_check_every
+        self.logprob_check_micro_batch_size = logprob_check_micro_batch_size
+        self.tokenizer_path = tokenizer
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self._calls = 0  # generation calls so far: the seed stream, saved in checkpoints
+        self._steps = 0
+        self._synced_version: int | None = None
+        self._refill_iterator: Iterator[dict[str, Any]] | None = None
+        self._timing = {"tokens": 0, "seconds": 0.0}
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists)."""
+        policy = pl_module.policy
+        if self.tokenizer_path is not None:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        else:
+            self.tokenizer = getattr(pl_module, "tokenizer", None) or AutoTokenizer.from_pretrained(policy.name_or_path)
+        self.engine.setup(policy, self.tokenizer)
+        self._synced_version = None
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: dict[str, Any], batch_idx: int
+    ) -> None:
+        """Replace the query batch by the rollout batch (in place), syncing engine weights first if needed."""
+        metrics: dict[str, float] = {}
+        self.engine.wake_up()
+        if pl_module.policy_version != self._synced_version:
+            start = perf_counter()
+            self.engine.sync_weights(pl_module.policy)
+            metrics["weight_sync_ms"] = 1000 * (perf_counter() - start)
+            self._synced_version = pl_module.policy_version
+        self._timing = {"tokens": 0, "seconds": 0.0}
+        groups, generated, rounds = self._collect_groups(trainer, batch)
+        self.engine.sleep()
+
+        rollout = assemble_batch(
+            [g.prompt_ids for g in groups],
+            [g.samples for g in groups],
+            torch.cat([g.rewards for g in groups]),
+            torch.tensor([g.query_index for g in groups]),
+            torch.tensor([g.query_weight for g in groups]),
+            pad_token_id(self.tokenizer),
+        )
+        if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
+            metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
+        if self.overlong_filter:
+            rollout["response_mask"][rollout["truncated"]] = 0
+        self._steps += 1
+
+        metrics.update(self._generation_metrics(generated))
+        if self.dynamic_sampling:
+            metrics["refill_rounds"] = float(rounds)
+        batch["prompt_ids"] = [g.prompt_ids for g in groups]
+        batch["answers"] = [g.answer for g in groups]
+        batch.update({k: v.to(pl_module.device) if isinstance(v, torch.Tensor) else v for k, v in rollout.items()})
+        pl_module.log_dict(
+            {f"rollout/{name}": value for name, value in metrics.items()},
+            on_step=True,
+            on_epoch=False,
+            batch_size=len(groups),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": self._calls, "steps": self._steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._calls = state_dict["calls"]
+        self._steps = state_dict["steps"]
+
+    def _collect_groups(
+        self, trainer: pl.Trainer, batch: dict[str, Any]
+    ) -> tuple[list[_Group], list[_Group], int]:
+        """The B groups to train on, every group generated this step, and the number of refill rounds."""
+        groups = self._generate_groups(batch)
+        if not self.dynamic_sampling:
+            return groups, groups, 0
+        wanted = len(groups)
+        generated = list(groups)
+        kept = [g for g in groups if g.informative]
+        rounds = 0
+        # Every rank takes part in every round (the vote is a collective, and so is generation under FSDP).
+        while rounds < self.max_refill_rounds and trainer.strategy.reduce_boolean_decision(
+            len(kept) < wanted, all=False
+        ):
+            more = self._generate_groups(self._next_refill_batch(trainer))
+            generated += more
+            kept += [g for g in more if g.informative]
+            rounds += 1
+        # Past the cap, zero-variance groups fill the batch: their group-relative advantage is zero anyway.
+        kept += [g for g in generated if not g.informative][: max(0, wanted - len(kept))]
+        return kept[:wanted], generated, rounds
+
+    def _next_refill_batch(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """Next batch of an independent pass over the training dataloader (restarted when exhausted)."""
+        if self._refill_iterator is not None:
+            refill = next(self._refill_iterator, None)
+            if refill is not None:
+                return refill
+        self._refill_iterator = iter(trainer.train_dataloader)
+        return next(self._refill_iterator)
+
+    def _generate_groups(self, batch: dict[str, Any]) -> list[_Group]:
+        """Sample G responses for each query of `batch` and score them."""
+        seed = None if self.seed is None else derive_seed(self.seed, self._calls)
+        self._calls += 1
+        prompts = [list(ids) for ids in batch["prompt_ids"]]
+        group_size = self.settings.n
+        start = perf_counter()
+        samples = self.engine.generate(prompts, replace(self.settings, seed=seed))
+        self._timing["seconds"] += perf_counter() - start
+        flat = [sample for group in samples for sample in group]
+        self._timing["tokens"] += sum(len(s.token_ids) for s in flat)
+
+        texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
+        golds = [answer for answer in batch["answers"] for _ in range(group_size)]
+        raw = torch.tensor(self.reward(texts, golds), dtype=torch.float32)
+        lengths = torch.tensor([len(s.token_ids) for s in flat])
+        shaped = raw + self.overlong_penalty_factor * overlong_penalty(
+            lengths, self.settings.max_new_tokens, self.overlong_buffer
+        )
+        informative = informative_groups(raw, group_size).tolist()
+        query_index = torch.as_tensor(batch["query_index"]).tolist()
+        query_weight = torch.as_tensor(batch["query_weight"]).tolist()
+        return [
+            _Group(
+                prompts[b],
+                batch["answers"][b],
+                query_index[b],
+                query_weight[b],
+                samples[b],
+                raw[b * group_size : (b + 1) * group_size],
+                shaped[b * group_size : (b + 1) * group_size],
+                informative[b],
+            )
+            for b in range(len(prompts))
+        ]
+
+    def _generation_metrics(self, generated: list[_Group]) -> dict[str, float]:
+        """Reward, accuracy, length and throughput statistics over every response generated this step."""
+        rewards = torch.cat([g.rewards for g in generated])
+        raw = torch.cat([g.raw_rewards for g in generated])
+        lengths = torch.tensor([float(len(s.token_ids)) for g in generated for s in g.samples])
+        truncated = torch.tensor([s.finish_reason == "length" for g in generated for s in g.samples])
+        metrics = {
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
+            "accuracy": (raw >= self.correct_threshold).float().mean().item(),
+            "response_length_mean": lengths.mean().item(),
+            "response_length_max": lengths.max().item(),
+            "truncated_ratio": truncated.float().mean().item(),
+            "zero_variance_groups": 1.0 - sum(g.informative for g in generated) / len(generated),
+            "tokens_per_s": self._timing["tokens"] / max(self._timing["seconds"], 1e-9),
+        }
+        counters = getattr(self.reward, "counters", None)
+        if counters is not None:
+            metrics.update({f"grader_{key}": float(value) for key, value in counters().items()})
+        return metrics
+
+    @torch.no_grad()
+    def _logprob_abs_diff(self, policy: torch.nn.Module, rollout: dict[str, Any], device: torch.device) -> float:
+        """Mean |engine log-prob − policy log-prob| over the sampled response tokens, at the sampling temperature."""
+        width_p = rollout["prompt_length"]
+        # Greedy engines report untempered log-probs.
+        temperature = self.settings.temperature or 1.0
+        total, count = 0.0, 0
+        size = self.logprob_check_micro_batch_size
+        with eval_mode(policy):
+            for start in range(0, rollout["input_ids"].shape[0], size):
+                rows = slice(start, start + size)
+                logprobs = sequence_logprobs(
+                    policy,
+                    rollout["input_ids"][rows].to(device),
+                    rollout["attention_mask"][rows].to(device),
+                    temperature,
+                )[:, width_p:].cpu()
+                mask = rollout["response_mask"][rows].bool()
+                total += (logprobs - rollout["sampling_logprobs"][rows]).abs()[mask].sum().item()
+                count += int(mask.sum())
+        return total / max(count, 1)

@@ -1,0 +1,17 @@
+"""Rollout engines (vLLM in-process, Hugging Face generate) behind one protocol, and batch assembly."""
+
+from erpo_lightning.rollout.batch import assemble_batch, informative_groups, overlong_penalty
+from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings
+from erpo_lightning.rollout.hf_engine import HFEngine
+from erpo_lightning.rollout.vllm_engine import VLLMEngine
+
+__all__ = [
+    "HFEngine",
+    "RolloutEngine",
+    "Sample",
+    "SamplingSettings",
+    "VLLMEngine",
+    "assemble_batch",
+    "informative_groups",
+    "overlong_penalty",
+]

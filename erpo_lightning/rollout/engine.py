@@ -1,0 +1,100 @@
+"""The rollout-engine protocol: what every engine takes and returns.
+
+An engine samples G responses for each of B prompts given as token ids and reports, per sampled token, its
+log-prob under the *processed* sampling distribution (after temperature, top-k and top-p), so that a trainer that
+recomputes log-probs at the same temperature gets the same numbers.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class SamplingSettings:
+    """How to sample; plain data so that configs can build it.
+
+    Attributes:
+        n: responses per prompt (the group size G).
+        temperature: 0 means greedy (log-probs are then those of the untempered distribution).
+        top_p: nucleus mass, 1.0 = off.
+        top_k: 0 = off.
+        max_new_tokens: response length cap, in tokens.
+        stop: strings that end a response; the tokens that complete one stay in the response.
+        stop_token_ids: token ids that end a response, besides the tokenizer's eos; the stop token stays in it.
+        seed: None = unseeded; the same seed gives the same samples from the same engine and weights.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Sample:
+    """One sampled response.
+
+    Attributes:
+        token_ids: [T] response token ids, including the final eos / stop token when one was sampled.
+        logprobs: [T] log-prob (nats) of each token under the processed sampling distribution.
+        finish_reason: "stop" (eos, stop token or stop string) or "length" (hit max_new_tokens).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RolloutCallback needs from an engine."""
+
+    def setup(self, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Bind to (or build from) the training policy; called once before the first rollout."""
+
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> list[list[Sample]]:
+        """Sample `settings.n` responses for each prompt: result[b][g] is response g to prompt b."""
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        """Load the policy's current weights into the engine (every rank must call it under sharding)."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory between rollouts (a no-op where unsupported or disabled)."""
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next rollout."""
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    """An independent 32-bit seed for (seed, *keys), e.g. one per prompt or per rollout step."""
+    return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
+
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Run `module` in eval mode (no dropout) and give it back in the mode it was in."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The tokenizer's pad id, or its eos id when it has none (padding is masked, so either is safe)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
