@@ -1,7 +1,9 @@
 """RolloutCallback: before every training step, sample G responses per query, score them, attach the batch.
 
-Keys written into the datamodule's batch dict are those of `erpo_lightning.rollout.assemble_batch`, plus
-`prompt_ids` and `answers` rewritten to the kept queries. Metrics are logged under `rollout/`.
+The datamodule's batch dict is rewritten in place: the per-row keys of `erpo_lightning.rollout.assemble_batch`
+are added (`query_index` and `query_weight` become per row, [N]); every other key of the datamodule batch stays per
+query, reindexed to the B kept queries in group order (row i belongs to query `group_index[i]`). Metrics are logged
+under `rollout/`.
 """
 
 from __future__ import annotations
@@ -23,12 +25,9 @@ Reward = Callable[[list[str], list[str]], list[float]]
 
 @dataclass
 class _Group:
-    """One query and its G scored samples."""
+    """One query (its entry under every key of the datamodule batch) and its G scored samples."""
 
-    prompt_ids: list[int]
-    answer: str
-    query_index: int
-    query_weight: float
+    query: dict[str, Any]
     samples: list[Sample]
     raw_rewards: torch.Tensor  # [G] from the reward function
     rewards: torch.Tensor  # [G] after overlong shaping: what the advantages see
@@ -131,12 +130,13 @@ class RolloutCallback(pl.Callback):
         groups, generated, rounds = self._collect_groups(trainer, batch)
         self.engine.sleep()
 
+        queries = {key: _stack([g.query[key] for g in groups]) for key in groups[0].query}
         rollout = assemble_batch(
-            [g.prompt_ids for g in groups],
+            queries["prompt_ids"],
             [g.samples for g in groups],
             torch.cat([g.rewards for g in groups]),
-            torch.tensor([g.query_index for g in groups]),
-            torch.tensor([g.query_weight for g in groups]),
+            queries["query_index"],
+            queries["query_weight"],
             pad_token_id(self.tokenizer),
         )
         if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
@@ -148,9 +148,8 @@ class RolloutCallback(pl.Callback):
         metrics.update(self._generation_metrics(generated))
         if self.dynamic_sampling:
             metrics["refill_rounds"] = float(rounds)
-        batch["prompt_ids"] = [g.prompt_ids for g in groups]
-        batch["answers"] = [g.answer for g in groups]
-        batch.update({k: v.to(pl_module.device) if isinstance(v, torch.Tensor) else v for k, v in rollout.items()})
+        for key, value in {**queries, **rollout}.items():
+            batch[key] = value.to(pl_module.device) if isinstance(value, torch.Tensor) else value
         pl_module.log_dict(
             {f"rollout/{name}": value for name, value in metrics.items()},
             on_step=True,
@@ -217,14 +216,9 @@ class RolloutCallback(pl.Callback):
             lengths, self.settings.max_new_tokens, self.overlong_buffer
         )
         informative = informative_groups(raw, group_size).tolist()
-        query_index = torch.as_tensor(batch["query_index"]).tolist()
-        query_weight = torch.as_tensor(batch["query_weight"]).tolist()
         return [
             _Group(
-                prompts[b],
-                batch["answers"][b],
-                query_index[b],
-                query_weight[b],
+                {key: value[b].cpu() if isinstance(value, torch.Tensor) else value[b] for key, value in batch.items()},
                 samples[b],
                 raw[b * group_size : (b + 1) * group_size],
                 shaped[b * group_size : (b + 1) * group_size],
@@ -275,3 +269,8 @@ class RolloutCallback(pl.Callback):
                 total += (logprobs - rollout["sampling_logprobs"][rows]).abs()[mask].sum().item()
                 count += int(mask.sum())
         return total / max(count, 1)
+
+
+def _stack(values: list[Any]) -> torch.Tensor | list[Any]:
+    """Per-query entries back into one batch entry: a tensor if they are tensors, else a list."""
+    return torch.stack(values) if isinstance(values[0], torch.Tensor) else values
