@@ -134,6 +134,10 @@ def read_rows(spec: SourceSpec) -> datasets.Dataset:
         if not path.is_file():
             raise DataError(f"{path}: no such file")
         table = datasets.load_dataset(LOCAL_BUILDERS[path.suffix], data_files=str(path), split="train")
+        if path.suffix == ".csv":
+            # Reread every column as text: type inference would turn an answer like "025" into the integer 25.
+            text = datasets.Features({column: datasets.Value("string") for column in table.column_names})
+            table = datasets.load_dataset("csv", data_files=str(path), split="train", features=text)
     else:
         table = datasets.load_dataset(
             spec.hub_id, spec.config, split=spec.split or "train", data_files=spec.data_files

@@ -1,0 +1,242 @@
+"""The reference score cache on the tiny model and real benchmark queries: values, sharding, resume, fingerprint,
+and the batches `QueryDataModule` streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from erpo_lightning.data import (
+    CacheMismatchError,
+    QueryDataModule,
+    ReferenceScoreCache,
+    ScoreSettings,
+    assemble,
+    compute_reference_scores,
+    score_shard,
+)
+from erpo_lightning.data.compute import plan_batches, plan_chunks
+from erpo_lightning.objectives import batch_query_weights, query_weights, split_prompt_response
+from erpo_lightning.scoring import sequence_logprobs
+from erpo_lightning.tiny import load_tiny_model, save_tiny_model
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
+SOURCES = [
+    {"path": str(BENCHMARKS / "gsm8k.jsonl"), "limit": 12},
+    {"path": str(BENCHMARKS / "math500.jsonl"), "limit": 12},
+]
+SMALL_BATCHES = ScoreSettings(max_tokens=2048, max_batch_size=4, chunk_size=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def other_tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_other") / "model", seed=1)
+
+
+@pytest.fixture(scope="session")
+def model(tiny_dir):
+    return load_tiny_model(tiny_dir)
+
+
+def make_datamodule(model_dir: Path, cache_dir: Path, **overrides) -> QueryDataModule:
+    settings = {"train": SOURCES, "max_prompt_length": 1000, "batch_size": 4, "cache_dir": str(cache_dir)}
+    settings.update(overrides)
+    return QueryDataModule(str(model_dir), **settings)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_dir) -> list[list[int]]:
+    datamodule = make_datamodule(tiny_dir, tiny_dir / "unused")
+    return datamodule.prepare_queries().prompt_ids
+
+
+def direct_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log p(token t | tokens < t) for t >= 1 from one unpadded forward (no helper shared with the cache)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+
+
+def test_batches_are_length_sorted_and_within_budget(prompts):
+    lengths = [len(ids) for ids in prompts]
+    chunks = plan_chunks(lengths, SMALL_BATCHES.chunk_size)
+    order = [i for chunk in chunks for i in chunk]
+    assert sorted(order) == list(range(len(prompts)))
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    for chunk in chunks:
+        for batch in plan_batches(chunk, lengths, SMALL_BATCHES):
+            assert len(batch) <= 4 and len(batch) * max(lengths[i] for i in batch) <= 2048
+
+
+def test_cache_equals_a_direct_forward(model, prompts):
+    cache = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
+    assert len(cache) == len(prompts) == 24
+    for q, ids in enumerate(prompts):
+        expected = direct_logprobs(model, ids)
+        row = cache.row(q)
+        assert row.numel() == len(ids) and row[0] == 0.0
+        torch.testing.assert_close(row[1:], expected, atol=1e-5, rtol=0)
+        assert cache.num_tokens[q] == len(ids) - 1
+        torch.testing.assert_close(cache.nll[q], -expected.double().sum().float(), atol=1e-3, rtol=1e-6)
+
+
+def test_padded_lines_up_with_the_trainers_left_padded_prompts(model, prompts):
+    cache = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
+    index = torch.tensor([3, 17, 0, 11])
+    width = max(len(prompts[i]) for i in index) + 2
+    input_ids = torch.zeros(len(index), width, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, i in enumerate(index.tolist()):
+        input_ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+        mask[row, width - len(prompts[i]) :] = 1
+    with torch.no_grad():
+        trainer_view = sequence_logprobs(model, input_ids, mask)
+    query_logprobs, query_mask, _, _ = split_prompt_response(trainer_view, mask, width)
+    padded = cache.padded(index, width)
+    assert padded.shape == (4, width)
+    torch.testing.assert_close(padded * query_mask, query_logprobs * query_mask, atol=1e-5, rtol=0)
+    assert (padded[query_mask == 0] == 0).all()
+    with pytest.raises(ValueError, match="narrower than the longest prompt"):
+        cache.padded(index, width - 3)
+
+
+def test_two_ranks_merged_equal_one_rank(model, prompts):
+    single = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
+    shards = [score_shard(model, prompts, rank, 2, settings=SMALL_BATCHES, progress=False) for rank in (0, 1)]
+    assert 0 < shards[0]["query_index"].numel() < len(prompts)
+    merged = assemble(shards, len(prompts))
+    for name in ("logprobs", "offsets", "nll", "num_tokens"):
+        assert torch.equal(getattr(merged, name), getattr(single, name)), name
+
+    # The same through the gather hook, as rank 0 of 2 sees it.
+    as_rank0 = compute_reference_scores(
+        model, prompts, rank=0, world_size=2, gather=lambda own: [own, shards[1]], settings=SMALL_BATCHES, progress=False
+    )
+    assert torch.equal(as_rank0.logprobs, single.logprobs)
+    with pytest.raises(RuntimeError, match="not each of the 24 queries once"):
+        assemble(shards[:1], len(prompts))
+
+
+class Interrupting(torch.nn.Module):
+    """Wraps a model; counts forwards and raises KeyboardInterrupt on forward number `fail_at` (1-based)."""
+
+    def __init__(self, model, fail_at: int | None = None):
+        super().__init__()
+        self.model, self.fail_at, self.calls = model, fail_at, 0
+
+    def forward(self, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt
+        return self.model(**kwargs)
+
+
+def test_interrupted_then_resumed_equals_uninterrupted(model, prompts, tmp_path):
+    uninterrupted = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
+    lengths = [len(ids) for ids in prompts]
+    batches_per_chunk = [len(plan_batches(c, lengths, SMALL_BATCHES)) for c in plan_chunks(lengths, 5)]
+    assert len(batches_per_chunk) == 5
+
+    first_run = Interrupting(model, fail_at=sum(batches_per_chunk[:2]) + 1)  # dies in the first batch of chunk 3
+    with pytest.raises(KeyboardInterrupt):
+        compute_reference_scores(first_run, prompts, chunk_dir=tmp_path, settings=SMALL_BATCHES, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunk_000000.safetensors", "chunk_000001.safetensors"]
+
+    second_run = Interrupting(model)
+    resumed = compute_reference_scores(second_run, prompts, chunk_dir=tmp_path, settings=SMALL_BATCHES, progress=False)
+    assert second_run.calls == sum(batches_per_chunk[2:])  # finished chunks were read back, not recomputed
+    for name in ("logprobs", "offsets", "nll", "num_tokens"):
+        assert torch.equal(getattr(resumed, name), getattr(uninterrupted, name)), name
+
+
+def test_datamodule_writes_safe_files_and_reloads_without_a_forward(tiny_dir, tmp_path, monkeypatch):
+    datamodule = make_datamodule(tiny_dir, tmp_path / "cache")
+    datamodule.setup("fit")
+    files = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert files == ["manifest.json", "scores.safetensors"]  # partial chunks removed, nothing pickled
+    first = datamodule.cache
+
+    import erpo_lightning.data.datamodule as datamodule_module
+
+    monkeypatch.setattr(datamodule_module, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
+    reloaded = make_datamodule(tiny_dir, tmp_path / "cache")
+    reloaded.setup("fit")
+    assert torch.equal(reloaded.cache.logprobs, first.logprobs) and torch.equal(reloaded.cache.nll, first.nll)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "reason"),
+    [
+        ("weights", "weights_hash", "the model weights differ"),
+        ("template", "template", "the prompt template differs"),
+        ("data", "dataset_fingerprint", "the training queries differ"),
+    ],
+)
+def test_a_mismatched_cache_is_refused_with_the_differing_field(
+    tiny_dir, other_tiny_dir, tmp_path, change, field, reason
+):
+    make_datamodule(tiny_dir, tmp_path).setup("fit")
+    variants = {
+        "weights": lambda: make_datamodule(other_tiny_dir, tmp_path),
+        "template": lambda: make_datamodule(tiny_dir, tmp_path, template="erpo-paper"),
+        "data": lambda: make_datamodule(tiny_dir, tmp_path, train=[{**SOURCES[0], "limit": 11}, SOURCES[1]]),
+    }
+    other = variants[change]()
+    with pytest.raises(CacheMismatchError) as error:
+        other.setup("fit")
+    message = str(error.value)
+    assert f"in {tmp_path} does not belong to this run ({reason}" in message
+    assert f"\n  {field}: cache has " in message
+    assert message.count("cache has") == (2 if change != "weights" else 1)  # data/template also change the tokens
+    assert "erpo cache --config <your config> --force" in message
+    # Forcing rebuilds it for the new run.
+    rebuilt = other.build_or_load_cache(force=True)
+    assert len(rebuilt) == len(other.data.queries)
+    other.build_or_load_cache()  # and the rebuilt cache now loads for it
+
+
+def test_training_batches_carry_ids_prompts_answers_and_weights(tiny_dir, tmp_path):
+    datamodule = make_datamodule(tiny_dir, tmp_path)
+    datamodule.setup("fit")
+    nll = datamodule.cache.nll
+    expected_weights = query_weights(nll, nll.mean(), (0.0, 2.0))
+    loader = datamodule.train_dataloader()
+    batches = list(loader)
+    assert len(batches) == 6
+    seen = torch.cat([b["query_index"] for b in batches])
+    assert sorted(seen.tolist()) == list(range(24)) and seen.tolist() != list(range(24))  # shuffled, all of them
+    batch = batches[0]
+    assert set(batch) == {"query_index", "query_id", "prompt_ids", "answers", "query_weight", "ref_query_nll"}
+    for position, q in enumerate(batch["query_index"].tolist()):
+        query = datamodule.data.queries[q]
+        assert batch["query_id"][position] == query.query_id and batch["answers"][position] == query.answer
+        assert batch["prompt_ids"][position] == datamodule.data.prompt_ids[q]
+    torch.testing.assert_close(batch["query_weight"], expected_weights[batch["query_index"]])
+    torch.testing.assert_close(batch["ref_query_nll"], nll[batch["query_index"]])
+    assert torch.equal(torch.cat([b["query_index"] for b in datamodule.train_dataloader()]), seen)  # seeded
+
+    per_batch = make_datamodule(tiny_dir, tmp_path, weight_norm="batch", weight_clip=None)
+    per_batch.setup("fit")
+    batch = per_batch.collate([0, 5, 9])
+    torch.testing.assert_close(batch["query_weight"], batch_query_weights(nll[[0, 5, 9]]))
+    current = make_datamodule(tiny_dir, tmp_path, weight_source="current")
+    current.setup("fit")
+    assert torch.equal(current.collate([0, 5, 9])["query_weight"], torch.ones(3))
+
+
+def test_cache_roundtrip_keeps_every_tensor(tmp_path):
+    rows = [torch.tensor([9.0, -1.0, -2.0]), torch.tensor([5.0]), torch.tensor([0.0, -0.5])]
+    cache = ReferenceScoreCache.from_rows(rows)
+    assert cache.logprobs.tolist() == [0.0, -1.0, -2.0, 0.0, 0.0, -0.5]
+    assert cache.nll.tolist() == [3.0, 0.0, 0.5] and cache.num_tokens.tolist() == [2, 0, 1]
+    cache.save(tmp_path / "c.safetensors")
+    loaded = ReferenceScoreCache.load(tmp_path / "c.safetensors")
+    assert all(torch.equal(getattr(loaded, n), getattr(cache, n)) for n in ("logprobs", "offsets", "nll", "num_tokens"))
+    assert loaded.padded(torch.tensor([1, 0]), 4).tolist() == [[0, 0, 0, 0], [0, 0, -1, -2]]
