@@ -1,0 +1,110 @@
+"""Exact parsing of plain numbers written in LaTeX or text, without sympy.
+
+Numbers become :class:`fractions.Fraction` so that ``0.5``, ``1/2``, ``\\frac{1}{2}``,
+``5 \\times 10^{-1}`` and ``.5`` compare exactly; only comparisons against a decimal that was
+itself rounded need the relative tolerance of :func:`numbers_close`.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+# Exponents beyond this are refused: Fraction(10) ** 10**9 would never finish.
+MAX_EXPONENT = 400
+DEFAULT_REL_TOL = 1e-6
+
+_DECIMAL = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
+_PLAIN = re.compile(rf"({_DECIMAL})(?:[eE]([+-]?\d+))?")
+_SCIENTIFIC = re.compile(
+    rf"({_DECIMAL})\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?"
+)
+_POWER_OF_TEN = re.compile(r"10\s*\^\s*\{?\s*([+-]?\d+)\s*\}?")
+_LATEX_FRACTION = re.compile(rf"([+-]?)\\frac\{{\s*({_DECIMAL})\s*\}}\{{\s*({_DECIMAL})\s*\}}")
+_SLASH_FRACTION = re.compile(rf"({_DECIMAL})\s*/\s*({_DECIMAL})")
+_MIXED = re.compile(r"([+-]?)(\d+)\s*(?:\\frac\{(\d+)\}\{(\d+)\}|\s(\d+)\s*/\s*(\d+))")
+
+
+def _scaled(mantissa: str, exponent: str) -> Fraction | None:
+    power = int(exponent)
+    if abs(power) > MAX_EXPONENT:
+        return None
+    return Fraction(mantissa) * Fraction(10) ** power
+
+
+def _ratio(numerator: str, denominator: str) -> Fraction | None:
+    den = Fraction(denominator)
+    return Fraction(numerator) / den if den else None
+
+
+def _mixed(match: re.Match[str]) -> Fraction | None:
+    sign, whole, num, den = match.group(1), match.group(2), *[g for g in match.groups()[2:] if g]
+    if int(num) >= int(den) or int(den) == 0:
+        return None  # "2 3/2" is not how anyone writes a mixed number
+    value = int(whole) + Fraction(int(num), int(den))
+    return -value if sign == "-" else value
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact value of ``text`` if it is a plain number, else None.
+
+    Accepted: integers (leading zeros too), decimals (``.35``), ``1.5e3``,
+    ``1.5 \\times 10^{3}``, ``10^{3}``, ``a/b``, ``\\frac{a}{b}`` and mixed numbers
+    (``3\\frac{1}{2}``, ``1 1/2``). The caller removes thousands separators, units and signs
+    such as ``%`` beforehand.
+    """
+    text = text.strip()
+    if len(text) > 200:
+        return None
+    if m := _PLAIN.fullmatch(text):
+        return _scaled(m.group(1), m.group(2) or "0")
+    if m := _SCIENTIFIC.fullmatch(text):
+        return _scaled(m.group(1), m.group(2))
+    if m := _POWER_OF_TEN.fullmatch(text):
+        return _scaled("1", m.group(1))
+    if m := _LATEX_FRACTION.fullmatch(text):
+        value = _ratio(m.group(2), m.group(3))
+        return -value if value is not None and m.group(1) == "-" else value
+    if m := _SLASH_FRACTION.fullmatch(text):
+        return _ratio(m.group(1), m.group(2))
+    if m := _MIXED.fullmatch(text):
+        return _mixed(m)
+    return None
+
+
+def numbers_close(a: Fraction, b: Fraction, rel_tol: float = DEFAULT_REL_TOL) -> bool:
+    """Exact equality, or a relative difference of at most ``rel_tol`` (of the larger magnitude)."""
+    if a == b:
+        return True
+    return abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
+
+
+_ROUNDED_DECIMAL = re.compile(r"[+-]?(\d*)\.(\d{2,})")
+
+
+def is_terminating(value: Fraction) -> bool:
+    """Whether ``value`` has a finite decimal expansion (denominator of the form 2^a 5^b)."""
+    den = value.denominator
+    for prime in (2, 5):
+        while den % prime == 0:
+            den //= prime
+    return den == 1
+
+
+def within_last_place(value: Fraction, text: str) -> bool:
+    """Whether the decimal ``text`` is ``value`` rounded or cut to its last written place.
+
+    The decimal needs at least two decimals and three significant digits (``1.732``, not ``1.7``).
+    """
+    m = _ROUNDED_DECIMAL.fullmatch(text.strip())
+    if m is None or len((m.group(1) + m.group(2)).lstrip("0")) < 3:
+        return False
+    return abs(value - Fraction(text.strip())) < Fraction(1, 10 ** len(m.group(2)))
+
+
+def approximates(exact: Fraction, text: str) -> bool:
+    """Whether ``text`` approximates a non-terminating rational (``2.6667`` for 8/3).
+
+    A terminating value (5, 7.78) is never approximated: there the decimal must be equal.
+    """
+    return not is_terminating(exact) and within_last_place(exact, text)

@@ -1,0 +1,75 @@
+"""Reduce the prose after an answer marker ("The final answer is ...") to the answer itself."""
+
+from __future__ import annotations
+
+import re
+
+# Math delimiters, line breaks and sentence ends, scanned left to right.
+_TOKEN = re.compile(r"\$\$|\$|\\\(|\\\)|\\\[|\\\]|\n|[.!?](?=\s|$)")
+_CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[^{}]*\}")
+_IS = re.compile(r"\s(?:is|are|equals|=)\s", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?(?:\s*(?:\\?%|percent))?")
+_DECORATION = " \t\n*\"`,;:"
+
+
+def sentence_prefix(text: str) -> str:
+    """``text`` up to the end of its first sentence, never cutting inside a math span."""
+    text = text.lstrip()
+    closer: str | None = None
+    for m in _TOKEN.finditer(text):
+        token = m.group()
+        if closer is not None:
+            closer = None if token == closer else closer
+        elif token in _CLOSER:
+            closer = _CLOSER[token]
+        elif m.start() > 0 and token not in ("\\)", "\\]"):
+            return text[: m.start()]
+    return text
+
+
+def _strip_decoration(text: str) -> str:
+    text = text.replace("**", "").replace('\\"', "").strip(_DECORATION).rstrip(".")
+    while text.endswith("\\") and not text.endswith("\\\\"):
+        text = text[:-1].strip(_DECORATION).rstrip(".")
+    return text
+
+
+def _is_prose(text: str) -> bool:
+    return len(_WORD.findall(_ENVIRONMENT.sub(" ", _MATH_SPAN.sub(" ", text)))) >= 2
+
+
+def _has_value(text: str) -> bool:
+    return bool(_MATH_SPAN.search(text) or _NUMBER.search(text) or not _is_prose(text))
+
+
+def _last_math(text: str) -> str | None:
+    spans = list(_MATH_SPAN.finditer(text))
+    if not spans:
+        return None
+    return next(g for g in spans[-1].groups() if g is not None).strip() or None
+
+
+def reduce_to_answer(sentence: str, allow_number: bool = True) -> str | None:
+    """The answer inside one sentence, e.g. ``"The volume of $V$ is 120"`` -> ``"120"``.
+
+    A sentence that is not prose is returned as is. In prose, the part after the last
+    " is "/" = " wins when it holds a value, then the last math span, then (if
+    ``allow_number``) the last number.
+    """
+    text = _strip_decoration(sentence)
+    while text and _is_prose(text):
+        outside = _MATH_SPAN.sub(lambda m: "\0" * len(m.group()), text)
+        tails = list(_IS.finditer(outside))
+        tail = _strip_decoration(text[tails[-1].end():]) if tails else ""
+        if not tail or not _has_value(tail):
+            break
+        text = tail
+    else:
+        return text or None
+    if (math := _last_math(text)) is not None:
+        return math
+    numbers = _NUMBER.findall(text) if allow_number else []
+    return numbers[-1].strip() if numbers else None
