@@ -1,0 +1,152 @@
+"""Unit tests of the math reward: extraction, equivalence rules, pool life cycle, counters."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+
+from erpo_lightning.rewards import MathReward, RewardFn, extract_answer, verify_answer
+
+
+@pytest.fixture(scope="module")
+def reward():
+    with MathReward(timeout_s=5.0, num_workers=1) as reward_fn:
+        yield reward_fn
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("So $x = \\boxed{3}$ and then \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("\\fbox{7}", "7"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("The roots are \\boxed{2} and \\boxed{3}.", "2, 3"),
+        ("I think \\boxed{4}. Final Answer: The final answer is $5$. I hope it is correct.", "$5$"),
+        ("We get 12. The final answer is 12,000,023. I hope it is correct.", "12,000,023"),
+        ("Work...\nAnswer: $\\frac{2}{3}$", "$\\frac{2}{3}$"),
+        ("<think>\\boxed{1}</think> so the result is \\boxed{2}", "2"),
+        ("7,425,000", "7,425,000"),
+        ("\\boxed{5", None),
+        ("\\boxed{}", None),
+        ("Long reasoning without any marker. " * 20, None),
+    ],
+)
+def test_extract_answer(response, expected):
+    assert extract_answer(response) == expected
+
+
+def test_fallbacks_are_configurable():
+    response = "Long reasoning. " * 20 + "Answer: 42"
+    assert extract_answer(response) == "42"
+    assert extract_answer(response, fallbacks=[]) is None
+    with pytest.raises(ValueError, match="unknown"):
+        MathReward(fallbacks=["no_such_rule"])
+
+
+EQUIVALENT = [
+    ("\\$18.90", "18.90"),
+    ("864 \\mbox{ inches}^2", "864"),
+    ("10\\text{ cm}^2", "10"),
+    ("10,\\!080", "10080"),
+    ("3\\frac{1}{2}", "3.5"),
+    ("1 1/2", "\\frac{3}{2}"),
+    (".35625", "0.35625"),
+    ("52_8", "52_8"),
+    ("52_8", "42"),
+    ("\\text{(C)}", "C"),
+    ("\\text{Evelyn}", "evelyn"),
+    ("90^\\circ", "90"),
+    ("5", "x = 5"),
+    ("025", "25"),
+    ("27.0", "27"),
+    ("4.5e33", "4.5 \\times 10^{33}"),
+    ("$\\frac{1}{2}$", "0.5"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"),
+    ("(-\\infty, -3] \\cup [2, \\infty)", "(-\\infty,-3]\\cup[2,\\infty)"),
+    ("\\{1, 2, 3\\}", "\\{3, 1, 2\\}"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{bmatrix} 1 \\\\ 2 \\end{bmatrix}"),
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}{2}"),
+    ("x^2+2x+1", "(x+1)^2"),
+    ("28\\%", "28"),
+    ("\\sqrt{3}", "1.732"),
+]
+
+NOT_EQUIVALENT = [
+    ("52_8", "52"),
+    ("5", "5.001"),
+    ("[1, 2, 3]", "(1, 3, 2)"),
+    ("[-3, 2]", "(-3, 2)"),
+    ("E", "E'"),
+    ("\\text{odd}", "\\text{oddd}"),
+    ("\\pm 2021", "2021"),
+    ("\\frac{63}{400}", "\\frac{64}{400}"),
+    ("3x-y+13=0", "3x+4y+14=0"),
+    ("12:00", "1:00"),
+    ("1331 \\text{ and } 1728", "1728"),
+    ("7.78", "7.8"),
+    ("x^2+2x+1", "x^3+2x+1"),
+]
+
+
+@pytest.mark.parametrize(("gold", "answer"), EQUIVALENT)
+def test_equivalent_answers_score_one(reward, gold, answer):
+    assert reward([f"The final answer is $\\boxed{{{answer}}}$."], [gold]) == [1.0]
+
+
+@pytest.mark.parametrize(("gold", "answer"), NOT_EQUIVALENT)
+def test_wrong_answers_score_zero(reward, gold, answer):
+    assert reward([f"\\boxed{{{answer}}}"], [gold]) == [0.0]
+
+
+def test_rewards_and_counters(reward):
+    reward.counters()
+    scores = reward(["\\boxed{2}", "\\boxed{3}", "no answer here " * 20], ["2", "2", "2"])
+    assert scores == [1.0, 0.0, 0.0]
+    counters = reward.counters()
+    assert counters["items"] == 3 and counters["correct"] == 1
+    assert counters["extraction_failures"] == 1
+    assert reward.counters()["items"] == 0  # reset by the previous call
+
+
+def test_custom_reward_values_and_protocol():
+    custom = MathReward(num_workers=0, correct_reward=2.0, incorrect_reward=-1.0)
+    assert isinstance(custom, RewardFn)
+    assert custom(["\\boxed{\\sqrt{4}}", "\\boxed{1}"], ["2", "2"]) == [2.0, -1.0]
+
+
+def test_pickle_and_deepcopy_drop_the_pool(reward):
+    assert reward(["\\boxed{\\sqrt{9}}"], ["3"]) == [1.0]  # the pool is running now
+    for clone in (copy.deepcopy(reward), pickle.loads(pickle.dumps(reward))):
+        assert clone._pool is None
+        assert clone(["\\boxed{\\sqrt{9}}"], ["3"]) == [1.0]
+        clone.close()
+
+
+def test_close_then_reuse_starts_a_new_pool():
+    reward_fn = MathReward(num_workers=1)
+    assert reward_fn(["\\boxed{\\sqrt{16}}"], ["4"]) == [1.0]
+    reward_fn.close()
+    assert reward_fn._pool is None
+    assert reward_fn(["\\boxed{\\sqrt{16}}"], ["4"]) == [1.0]
+    reward_fn.close()
+
+
+def test_timeout_kills_and_replaces_the_worker():
+    with MathReward(timeout_s=0.01, num_workers=1) as impatient:
+        slow = "\\boxed{\\frac{(x+1)^{40} - (x-1)^{40}}{x^{3} + 3x}}"
+        assert impatient([slow], ["\\frac{(x-1)^{40}}{x}"]) == [0.0]
+        assert impatient.counters()["timeouts"] == 1
+        assert impatient._pool.restarts == 1
+        assert impatient(["\\boxed{7}"], ["7"]) == [1.0]  # cheap path, no worker needed
+
+
+def test_verify_answer():
+    assert verify_answer("The answer is \\boxed{\\dfrac{1}{2}}", "0.5")
+    assert not verify_answer("The answer is \\boxed{\\dfrac{1}{3}}", "0.5")
+
+
+def test_mismatched_lengths_raise(reward):
+    with pytest.raises(ValueError):
+        reward(["\\boxed{1}"], [])
