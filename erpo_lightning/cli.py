@@ -1,0 +1,63 @@
+"""`erpo`: the command line (a LightningCLI), with the subcommands fit, validate and cache.
+
+    erpo fit --config configs/quickstart.yaml
+    erpo cache --config configs/erpo_qwen2.5_math_7b.yaml      # compute the reference score cache only
+    erpo fit --print_config                                   # every field, with its default
+
+The config has the usual LightningCLI groups (`trainer`, `model`, `data`) plus `rollout` (the RolloutCallback:
+engine, reward, group size, sampling). `model.model_path` also sets `data.model_path`, and `rollout.temperature`
+sets `model.temperature`, so the three always agree.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Colocated vLLM must run in this process (weights are pushed into its worker in place); set before vLLM loads.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+
+from erpo_lightning.callbacks.rollout import RolloutCallback  # noqa: E402
+from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
+from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
+
+
+class ERPOTrainer(Trainer):
+    """Lightning's Trainer plus the `cache` subcommand."""
+
+    def cache(self, model: ERPOModule, datamodule: QueryDataModule, force: bool = False) -> None:
+        """Compute (or check and load) the frozen-reference query score cache of the configured training data.
+
+        Args:
+            force: recompute even when a matching cache exists.
+        """
+        build_or_load_cache(datamodule, force=force, strategy=self.strategy if self.world_size > 1 else None)
+
+
+class ERPOCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        lightning_subcommands = LightningCLI.subcommands()  # test/predict have no meaning for RL training
+        return {"fit": lightning_subcommands["fit"], "validate": lightning_subcommands["validate"], "cache": {"model", "datamodule"}}
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(RolloutCallback, "rollout")
+        parser.link_arguments("model.model_path", "data.model_path")
+        parser.link_arguments("rollout.temperature", "model.temperature")
+
+
+def main(args: list[str] | None = None) -> None:
+    ERPOCLI(
+        ERPOModule,
+        QueryDataModule,
+        trainer_class=ERPOTrainer,
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,  # the module builds AdamW + warm-up from its own fields
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""ERPOModule: the policy, its loss, and the optimizer loop over one rollout batch.
+
+One `training_step` receives a rollout batch (the RolloutCallback generated and scored it, see
+`erpo_lightning/callbacks/rollout.py`) and runs `num_iterations` passes of optimizer steps over it, each on
+`update_batch_size` queries, each split in micro-batches by a token budget. One forward per micro-batch gives both
+the response log-probs (policy gradient) and the query log-probs (Query-KL). Manual optimization: several optimizer
+steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torchmetrics import MaxMetric, MinMetric
+from transformers import AutoModelForCausalLM
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.algorithms import Algorithm, resolve_algorithm
+from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
+from erpo_lightning.modules.microbatch import micro_batches, minibatch_rows, select_rows
+from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token_logprobs
+
+TRAIN_METRICS = (
+    "loss", "pg_loss", "query_kl", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
+    "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min", "query_weight_max",
+)  # fmt: skip
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss or gradient was NaN/inf; raised before the optimizer step, so no corrupted weights are saved."""
+
+
+class ERPOModule(L.LightningModule):
+    """Trains a Hugging Face causal LM with ERPO or one of its baselines.
+
+    Args:
+        model_path: local directory or Hub id of the initial policy (also the frozen reference θ0).
+        algorithm: preset name (`erpo`, `grpo`, `grpo_kl`, `dapo`, `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`,
+            `reinforce`); the keyword overrides below replace single fields of the preset (None = keep).
+        temperature: sampling temperature of the rollouts; response log-probs are computed at it.
+        num_iterations: passes (PPO epochs) over each rollout batch.
+        update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
+        micro_batch_tokens: token budget of one forward (rows × longest row).
+        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), e.g. the max response length.
+        learning_rate, weight_decay, warmup_steps: AdamW with linear warm-up then constant.
+        gradient_clip_norm: max global grad norm (None = no clipping).
+        monitor_policy_kl: load a frozen reference model to log Policy-KL even when its coefficient is 0.
+        nan_policy: `stop` raises on a non-finite loss/gradient; `skip` drops that optimizer step and counts it
+            (a skipped step does not count towards `max_steps`).
+        max_consecutive_skips: with `skip`, stop the run after this many skipped steps in a row.
+        dtype: `float32` | `bfloat16` | `float16` for the policy weights.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        algorithm: str = "erpo",
+        advantage_estimator: str | None = None,
+        loss_aggregation: str | None = None,
+        clip_low: float | None = None,
+        clip_high: float | None = None,
+        dual_clip: float | None = None,
+        query_kl_coef: float | None = None,
+        query_kl_estimator: str | None = None,
+        use_query_weights: bool | None = None,
+        policy_kl_coef: float | None = None,
+        policy_kl_kind: str | None = None,
+        temperature: float = 1.0,
+        num_iterations: int = 1,
+        update_batch_size: int | None = None,
+        micro_batch_tokens: int = 16384,
+        loss_constant: float | None = None,
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        gradient_clip_norm: float | None = 1.0,
+        monitor_policy_kl: bool = False,
+        nan_policy: Literal["stop", "skip"] = "stop",
+        max_consecutive_skips: int = 10,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.algorithm: Algorithm = resolve_algorithm(
+            algorithm,
+            advantage_estimator=advantage_estimator,
+            loss_aggregation=loss_aggregation,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            dual_clip=dual_clip,
+            query_kl_coef=query_kl_coef,
+            query_kl_estimator=query_kl_estimator,
+            use_query_weights=use_query_weights,
+            policy_kl_coef=policy_kl_coef,
+            policy_kl_kind=policy_kl_kind,
+        )
+        if nan_policy not in ("stop", "skip"):
+            raise ValueError(f"nan_policy must be 'stop' or 'skip', got {nan_policy!r}")
+        self.automatic_optimization = False
+        self.policy: torch.nn.Module | None = None
+        self.reference_policy: torch.nn.Module | None = None
+        self.reference_cache: Any = None  # a data.ReferenceScoreCache: `padded(query_index, width) -> [B, width]`
+        self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
+        self.skipped_steps = 0
+        self.consecutive_skips = 0
+        self.train_metrics = torch.nn.ModuleDict({name: MaskedMean() for name in TRAIN_METRICS})
+        self.train_metrics.update(
+            {"query_kl": QueryKL(), "policy_kl": PolicyKL(), "query_weight_min": MinMetric(), "query_weight_max": MaxMetric()}
+        )
+
+    # ----------------------------------------------------------------------------------------------- model set-up
+    def _load_causal_lm(self) -> torch.nn.Module:
+        return AutoModelForCausalLM.from_pretrained(
+            self.hparams.model_path,
+            dtype=getattr(torch, self.hparams.dtype),
+            trust_remote_code=self.hparams.trust_remote_code,
+        )
+
+    def configure_model(self) -> None:
+        """Load the policy (and the frozen reference model when Policy-KL is used or monitored)."""
+        if self.policy is not None:
+            return
+        self.policy = self._load_causal_lm().train()
+        if self.hparams.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        self.policy.config.use_cache = False
+        if self.algorithm.policy_kl_coef > 0 or self.hparams.monitor_policy_kl:
+            self.reference_policy = self._load_causal_lm().eval().requires_grad_(False)
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.reference_cache is None and datamodule is not None:
+            self.reference_cache = getattr(datamodule, "cache", None)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(
+            (p for p in self.policy.parameters() if p.requires_grad),
+            lr=self.hparams.learning_rate,
+            weight_decay=self.hparams.weight_decay,
+        )
+        warmup = max(self.hparams.warmup_steps, 0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --------------------------------------------------------------------------------------------- forward passes
+    def _forward_logits(self, model: torch.nn.Module, micro: dict) -> torch.Tensor:
+        mask = micro["attention_mask"]
+        return model(
+            input_ids=micro["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
+        ).logits
+
+    def _token_logprobs(self, model: torch.nn.Module, micro: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward → ([N, P+R] log-probs, prompt at T=1 and response at the sampling temperature; logits)."""
+        logits = self._forward_logits(model, micro)
+        token_logprobs = prompt_response_token_logprobs(
+            logits, micro["input_ids"], micro["prompt_length"], self.hparams.temperature
+        )
+        return token_logprobs, logits
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, batch: dict) -> torch.Tensor:
+        """Response log-probs of the current policy before any update on this batch: [N, R]."""
+        old = torch.zeros_like(batch["sampling_logprobs"])
+        first_row = 0  # micro-batches are consecutive rows
+        for micro in micro_batches(batch, self.hparams.micro_batch_tokens):
+            token_logprobs, _ = self._token_logprobs(self.policy, micro)
+            response = token_logprobs[:, micro["prompt_length"] :]
+            old[first_row : first_row + len(response), : response.shape[1]] = response
+            first_row += len(response)
+        return old
+
+    # --------------------------------------------------------------------------------------------- the RL update
+    def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
+        value = torch.as_tensor(value, dtype=torch.float32, device=self.device)
+        if self._trainer is None or self.trainer.world_size == 1:
+            return value
+        return self.trainer.strategy.reduce(value, reduce_op="sum")
+
+    def _micro_loss(self, micro: dict, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        """Loss of one micro-batch, already divided by the global counts of its optimizer step."""
+        algorithm = self.algorithm
+        token_logprobs, logits = self._token_logprobs(self.policy, micro)
+        query_lp, query_mask, response_lp, response_mask = obj.split_prompt_response(
+            token_logprobs, micro["attention_mask"], micro["prompt_length"]
+        )
+        old = micro["old_logprobs"] if "old_logprobs" in micro else response_lp.detach()
+        per_token, stats = obj.policy_gradient_loss(
+            response_lp, old, micro["advantages"], response_mask,
+            clip_low=algorithm.clip_low, clip_high=algorithm.clip_high, dual_clip=algorithm.dual_clip,
+        )  # fmt: skip
+        token_mode = algorithm.loss_aggregation == "token_mean"
+        pg_loss = obj.aggregate(
+            per_token, response_mask, algorithm.loss_aggregation,
+            seq_weights=micro["query_weight"] if algorithm.use_query_weights else None,
+            constant=self.hparams.loss_constant,
+            normalizer=normalizers["tokens" if token_mode else "sequences"],
+        )  # fmt: skip
+        leaders = micro["is_group_leader"]
+        reference = self.reference_cache.padded(micro["query_index"][leaders], micro["prompt_length"]).to(query_lp)
+        per_query = obj.per_query_kl(query_lp[leaders], reference, query_mask[leaders], algorithm.query_kl_estimator)
+        loss = pg_loss + algorithm.query_kl_coef * per_query.sum() / normalizers["queries"]
+        parts = {"pg_loss": pg_loss.detach(), "query_kl": per_query.detach(), "stats": stats}
+        if self.reference_policy is not None:
+            with torch.no_grad():
+                ref_token_logprobs, _ = self._token_logprobs(self.reference_policy, micro)
+            per_token_kl = obj.kl_penalty(response_lp, ref_token_logprobs[:, micro["prompt_length"] :], algorithm.policy_kl_kind)
+            policy_kl = obj.aggregate(per_token_kl, response_mask, "token_mean", normalizer=normalizers["tokens"])
+            loss = loss + algorithm.policy_kl_coef * policy_kl
+            parts["policy_kl"] = per_token_kl.detach()
+        with torch.no_grad():
+            response_logits = logits[:, micro["prompt_length"] - 1 : -1].float() / self.hparams.temperature
+            probs = torch.softmax(response_logits, -1)
+            parts["entropy"] = torch.logsumexp(response_logits, -1) - (probs * response_logits).sum(-1)
+        return loss, parts
+
+    def _check_finite(self, name: str, value: torch.Tensor) -> bool:
+        if torch.isfinite(value).all():
+            return True
+        message = f"non-finite {name} at global step {self.global_step} (epoch {self.current_epoch})"
+        if self.hparams.nan_policy == "stop":
+            raise NonFiniteLossError(message + "; set model.nan_policy=skip to drop such steps instead")
+        self.print(f"[erpo] {message}: optimizer step skipped")
+        return False
+
+    def _optimizer_step(self, batch: dict) -> None:
+        """Forward/backward every micro-batch of `batch` (one optimizer step's rows), then step."""
+        optimizer = self.optimizers()
+        normalizers = {
+            "tokens": self._global_sum(batch["response_mask"].sum()),
+            "sequences": self._global_sum(batch["response_mask"].shape[0]),
+            "queries": self._global_sum(batch["is_group_leader"].sum()),
+        }
+        # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
+        scale = self.trainer.world_size if self._trainer is not None else 1
+        finite = True
+        for micro in micro_batches(batch, self.hparams.micro_batch_tokens):
+            loss, parts = self._micro_loss(micro, normalizers)
+            finite = self._check_finite("loss", loss) and finite
+            if not finite:
+                break
+            self.manual_backward(loss * scale)
+            self._update_metrics(micro, loss, parts)
+        if finite and self.hparams.gradient_clip_norm is not None:
+            grad_norm = self.clip_gradients_norm()
+            finite = self._check_finite("gradient norm", grad_norm)
+        if finite:
+            optimizer.step()
+            self.lr_schedulers().step()
+            self.policy_version += 1
+            self.consecutive_skips = 0
+        else:
+            self.skipped_steps += 1
+            self.consecutive_skips += 1
+            if self.consecutive_skips >= self.hparams.max_consecutive_skips:
+                raise NonFiniteLossError(
+                    f"{self.consecutive_skips} optimizer steps in a row had non-finite values; stopping "
+                    "(lower the learning rate, check rewards for NaN, or raise model.max_consecutive_skips)"
+                )
+        optimizer.zero_grad(set_to_none=True)
+
+    def clip_gradients_norm(self) -> torch.Tensor:
+        """Clip the global gradient norm to `gradient_clip_norm` and return the norm before clipping."""
+        parameters = [p for p in self.policy.parameters() if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(parameters, self.hparams.gradient_clip_norm)
+
+    def _update_metrics(self, micro: dict, loss: torch.Tensor, parts: dict) -> None:
+        metrics = self.train_metrics
+        response_mask = micro["response_mask"]
+        metrics["loss"].update(loss)
+        metrics["pg_loss"].update(parts["pg_loss"])
+        metrics["query_kl"].update(parts["query_kl"])
+        metrics["entropy"].update(parts["entropy"], response_mask)
+        if "policy_kl" in parts:
+            metrics["policy_kl"].update(parts["policy_kl"], response_mask)
+        tokens = response_mask.sum()
+        for name, value in parts["stats"].items():  # token means: weight by this micro-batch's token count
+            metrics[name].update(value, tokens)
+        metrics["advantage_mean"].update(micro["advantages"])
+        weights = micro["query_weight"][micro["is_group_leader"]]
+        metrics["query_weight_mean"].update(weights)
+        if len(weights):
+            metrics["query_weight_min"].update(weights)
+            metrics["query_weight_max"].update(weights)
+
+    def training_step(self, batch: dict, batch_idx: int) -> None:
+        """Run the optimizer steps of one rollout batch (see the module docstring)."""
+        group_size = batch["group_size"]
+        num_rows = batch["input_ids"].shape[0]
+        batch = dict(batch)
+        batch["advantages"] = obj.group_advantages(batch["rewards"], group_size, self.algorithm.advantage_estimator)
+        batch["is_group_leader"] = torch.arange(num_rows, device=batch["rewards"].device) % group_size == 0
+        updates = minibatch_rows(num_rows, group_size, self.hparams.update_batch_size)
+        if self.hparams.num_iterations > 1 or len(updates) > 1:
+            batch["old_logprobs"] = self._recompute_old_logprobs(batch)
+        for _ in range(self.hparams.num_iterations):
+            for rows in updates:
+                self._optimizer_step(select_rows(batch, rows))
+        self._log_train_metrics()
+
+    def _log_train_metrics(self) -> None:
+        logged = {}
+        for name, metric in self.train_metrics.items():
+            if metric.update_count:
+                logged[f"train/{name}"] = metric.compute()
+            metric.reset()
+        logged["train/skipped_steps"] = float(self.skipped_steps)
+        logged["train/policy_version"] = float(self.policy_version)
+        logged["train/lr"] = self.optimizers().param_groups[0]["lr"]
+        self.log_dict(logged, on_step=True, prog_bar=False, batch_size=1)

@@ -1,0 +1,157 @@
+"""ERPOModule on a hand-built rollout batch: loss equals the formulas, one forward per micro-batch, NaN handling."""
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.modules.erpo_module import ERPOModule, NonFiniteLossError
+from erpo_lightning.scoring import gather_token_logprobs
+
+PAD = 256
+TEMPERATURE = 0.8
+PROMPTS = [[10, 11, 12, 13, 14], [20, 21, 22]]
+RESPONSES = [[30, 31, 32, 33], [34, 35], [40, 41, 42], [43]]  # G = 2 responses per prompt
+REWARDS = [1.0, 0.0, 0.0, 1.0]
+
+
+class ReferenceLogprobs:
+    """Reference query log-probs from unpadded forwards of the initial model, right-aligned like the data cache."""
+
+    def __init__(self, model, prompts):
+        with torch.no_grad():
+            self.rows = [gather_token_logprobs(model(torch.tensor([p])).logits, torch.tensor([p]))[0] for p in prompts]
+
+    def padded(self, query_index, width):
+        out = torch.zeros(len(query_index), width)
+        for i, q in enumerate(query_index.tolist()):
+            row = self.rows[q]
+            out[i, width - len(row) :] = row
+        return out
+
+
+def rollout_batch(model):
+    """[prompt; response] rows: prompts left-padded to 5, responses right-padded to 4, on-policy sampling log-probs."""
+    prompt_length, response_length = 5, 4
+    rows, masks, response_masks = [], [], []
+    for i, response in enumerate(RESPONSES):
+        prompt = PROMPTS[i // 2]
+        rows.append([PAD] * (prompt_length - len(prompt)) + prompt + response + [PAD] * (response_length - len(response)))
+        masks.append([0] * (prompt_length - len(prompt)) + [1] * (len(prompt) + len(response)) + [0] * (response_length - len(response)))
+        response_masks.append([1] * len(response) + [0] * (response_length - len(response)))
+    sampling = torch.zeros(4, response_length)
+    with torch.no_grad():
+        for i, response in enumerate(RESPONSES):
+            full = torch.tensor([PROMPTS[i // 2] + response])
+            logits = model(full).logits / TEMPERATURE
+            sampling[i, : len(response)] = gather_token_logprobs(logits, full)[0, -len(response) :]
+    return {
+        "input_ids": torch.tensor(rows),
+        "attention_mask": torch.tensor(masks),
+        "prompt_length": prompt_length,
+        "response_mask": torch.tensor(response_masks),
+        "sampling_logprobs": sampling,
+        "rewards": torch.tensor(REWARDS),
+        "group_index": torch.tensor([0, 0, 1, 1]),
+        "query_index": torch.tensor([0, 0, 1, 1]),
+        "query_weight": torch.tensor([1.5, 1.5, 0.5, 0.5]),
+        "truncated": torch.zeros(4, dtype=torch.bool),
+        "group_size": 2,
+    }
+
+
+def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0):
+    """The ERPO loss from per-row unpadded forwards and the paper's formula (token-mean PG, w(q), α·token-k3)."""
+    advantages = obj.group_advantages(torch.tensor(REWARDS), 2, "grpo")
+    weights = [1.5, 1.5, 0.5, 0.5]
+    pg_terms, tokens = 0.0, 0
+    with torch.no_grad():
+        for i, response in enumerate(RESPONSES):
+            # on-policy: ratio 1, the PG loss term per token is -A
+            pg_terms += -advantages[i].item() * weights[i] * len(response)
+            tokens += len(response)
+        kls = []
+        for q, prompt in enumerate(PROMPTS):
+            current = gather_token_logprobs(model(torch.tensor([prompt])).logits, torch.tensor([prompt]))[0, 1:]
+            ref = reference.rows[q][1:] + query_kl_shift
+            delta = ref - current
+            kls.append((torch.exp(delta) - delta - 1).mean().item())
+    return pg_terms / tokens + algorithm_coef * sum(kls) / len(kls), sum(kls) / len(kls)
+
+
+def fit_one_batch(module, batch, steps=1, **trainer_kwargs):
+    trainer = L.Trainer(
+        max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, **trainer_kwargs,
+    )  # fmt: skip
+    loader = DataLoader([batch] * steps, batch_size=None, collate_fn=lambda b: b)
+    trainer.fit(module, train_dataloaders=loader)
+    return trainer
+
+
+@pytest.fixture()
+def setup(tiny_model_path, tiny_model):
+    reference = ReferenceLogprobs(tiny_model, PROMPTS)
+    return tiny_model_path, reference, rollout_batch(tiny_model), tiny_model
+
+
+def make_module(path, reference, **kwargs):
+    module = ERPOModule(str(path), temperature=TEMPERATURE, learning_rate=1e-3, **kwargs)
+    module.reference_cache = reference
+    return module
+
+
+def test_loss_matches_formula_at_step_zero(setup):
+    path, reference, batch, model = setup
+    # Shift the cached reference so that Query-KL is non-zero and its coefficient matters.
+    shifted = copy.deepcopy(reference)
+    shifted.rows = [row + 0.05 for row in reference.rows]
+    module = make_module(path, shifted, query_kl_coef=0.5)
+    trainer = fit_one_batch(module, batch)
+    expected_loss, expected_kl = hand_loss(model, reference, 0.5, query_kl_shift=0.05)
+    metrics = trainer.callback_metrics
+    assert metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
+    assert metrics["train/query_kl"].item() == pytest.approx(expected_kl, abs=1e-6)
+    assert metrics["train/ratio_mean"].item() == pytest.approx(1.0, abs=1e-6)
+    assert module.policy_version == 1
+
+
+def test_exactly_one_forward_per_micro_batch(setup):
+    path, reference, batch, _ = setup
+    module = make_module(path, reference, micro_batch_tokens=18)  # rows are 9 wide: two rows per micro-batch
+    calls = []
+    module.configure_model()
+    module.policy.register_forward_hook(lambda *_: calls.append(1))
+    fit_one_batch(module, batch)
+    assert len(calls) == 2
+
+
+def test_query_kl_zero_at_step_zero_then_logged_and_growing_for_grpo(setup):
+    path, reference, batch, _ = setup
+    module = make_module(path, reference, algorithm="grpo")
+    trainer = fit_one_batch(module, batch)
+    assert trainer.callback_metrics["train/query_kl"].item() < 1e-8
+    module = make_module(path, reference, algorithm="grpo")
+    module.hparams.learning_rate = 3e-2
+    trainer = fit_one_batch(module, batch, steps=3)
+    assert trainer.callback_metrics["train/query_kl"].item() > 1e-6  # the policy moved, queries drifted
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nan_loss_is_handled_as_configured(setup, policy):
+    path, reference, batch, _ = setup
+    batch["rewards"] = torch.tensor([float("nan"), 0.0, 0.0, 1.0])
+    module = make_module(path, reference, nan_policy=policy)
+    module.configure_model()
+    before = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    if policy == "stop":
+        with pytest.raises(NonFiniteLossError, match="non-finite loss at global step 0"):
+            fit_one_batch(module, batch)
+    else:
+        trainer = fit_one_batch(module, batch, max_epochs=1)  # a skipped step does not count towards max_steps
+        assert module.skipped_steps == 1 and trainer.callback_metrics["train/skipped_steps"].item() == 1
+    for key, value in module.policy.state_dict().items():
+        assert torch.equal(value, before[key]), f"{key} changed although the step had a NaN loss"
