@@ -108,10 +108,9 @@ class RolloutCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists)."""
         policy = pl_module.policy
-        if self.tokenizer_path is not None:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        else:
-            self.tokenizer = getattr(pl_module, "tokenizer", None) or AutoTokenizer.from_pretrained(policy.name_or_path)
+        self.tokenizer = None if self.tokenizer_path is not None else getattr(pl_module, "tokenizer", None)
+        if self.tokenizer is None:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path or policy.name_or_path)
         self.engine.setup(policy, self.tokenizer)
         self._synced_version = None
 

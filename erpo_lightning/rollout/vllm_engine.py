@@ -27,6 +27,8 @@ INSTALL_HINT = (
 def _import_vllm() -> Any:
     # Must be set before vLLM builds its engine: in-process is what lets collective_rpc reach the model.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM logs every engine step's set-up at INFO on stdout, drowning the training logs; the environment can override.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as error:

@@ -1,0 +1,109 @@
+"""Rollout throughput, vLLM (in-process) vs Hugging Face generate, and vLLM weight-sync time; prints JSON.
+
+Both engines sample the same prompts with the same settings on the same model, for the tiny test model and a
+~24M-parameter one, side by side in one run. Also reported: the largest |engine − trainer| log-prob over the
+sampled tokens (fp32, trainer = a padded forward at the sampling temperature).
+
+    .venv/bin/python bench/bench_rollout.py [--prompts 4] [--group-size 8] [--max-new-tokens 64] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine, assemble_batch
+from erpo_lightning.scoring import sequence_logprobs
+from erpo_lightning.tiny import build_byte_tokenizer, load_tiny_model, save_tiny_model
+
+# stdout carries the JSON report only (vLLM is imported later, when the first engine is built).
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+MODELS = {
+    "tiny": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
+    "medium": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=1536),
+}
+
+
+def time_engine(engine, policy, prompts: list[list[int]], settings: SamplingSettings, repeats: int) -> dict:
+    """Median generation tokens/s over `repeats` timed calls (after a warm-up call) and log-prob agreement."""
+    engine.generate(prompts[:1], SamplingSettings(n=1, max_new_tokens=8, seed=0))
+    rates = []
+    for repeat in range(repeats):
+        start = time.perf_counter()
+        samples = engine.generate(prompts, SamplingSettings(**{**vars(settings), "seed": repeat}))
+        seconds = time.perf_counter() - start
+        tokens = sum(len(s.token_ids) for group in samples for s in group)
+        rates.append(tokens / seconds)
+    batch = assemble_batch(prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), torch.ones(len(prompts)), 0)
+    with torch.no_grad():
+        trainer = sequence_logprobs(policy, batch["input_ids"], batch["attention_mask"], settings.temperature)
+    diff = (trainer[:, batch["prompt_length"] :] - batch["sampling_logprobs"]).abs()[batch["response_mask"].bool()]
+    return {
+        "tokens_per_s": round(statistics.median(rates), 1),
+        "tokens_per_call": tokens,
+        "max_abs_logprob_diff": float(f"{diff.max().item():.2e}"),
+    }
+
+
+def time_weight_sync(engine: VLLMEngine, policy: torch.nn.Module, steps: int) -> float:
+    """Mean milliseconds of one `sync_weights` after an in-place weight change, as after an optimizer step."""
+    times = []
+    for _ in range(steps):
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.mul_(1.0001)
+        start = time.perf_counter()
+        engine.sync_weights(policy)
+        times.append(1000 * (time.perf_counter() - start))
+    return round(statistics.mean(times), 2)
+
+
+def bench_model(name: str, directory: Path, args: argparse.Namespace) -> dict:
+    path = save_tiny_model(directory / name, seed=0, **MODELS[name])
+    tokenizer = build_byte_tokenizer()
+    policy = load_tiny_model(path)
+    messages = [[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}] for i in range(args.prompts)]
+    prompts = [tokenizer.apply_chat_template(m, add_generation_prompt=True)["input_ids"] for m in messages]
+    settings = SamplingSettings(n=args.group_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    hf = HFEngine()
+    hf.setup(policy, tokenizer)
+    vllm = VLLMEngine(dtype="float32", max_model_len=512, enforce_eager=True)
+    vllm.setup(policy, tokenizer)
+    return {
+        "parameters_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 2),
+        "hf_generate": time_engine(hf, policy, prompts, settings, args.repeats),
+        "vllm": time_engine(vllm, policy, prompts, settings, args.repeats),
+        "vllm_weight_sync_ms": time_weight_sync(vllm, policy, args.sync_steps),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sync-steps", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        results = {name: bench_model(name, Path(directory), args) for name in MODELS}
+    report = {
+        "settings": vars(args),
+        "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
+        "models": results,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
