@@ -155,3 +155,17 @@ def test_nan_loss_is_handled_as_configured(setup, policy):
         assert module.skipped_steps == 1 and trainer.callback_metrics["train/skipped_steps"].item() == 1
     for key, value in module.policy.state_dict().items():
         assert torch.equal(value, before[key]), f"{key} changed although the step had a NaN loss"
+
+
+def test_current_policy_weights_released_code_option(setup):
+    """weight_source=current, weight_norm=batch, no clip: w(q) = mean NLL of the batch's queries / NLL(q)."""
+    path, reference, batch, model = setup
+    module = make_module(path, reference)
+    module.current_policy_weights, module.weight_norm, module.weight_clip = True, "batch", None
+    trainer = fit_one_batch(module, batch)
+    with torch.no_grad():
+        nll = torch.stack([-r[1:].sum() for r in ReferenceLogprobs(model, PROMPTS).rows])  # θ0 = current at step 0
+    expected = nll.mean() / nll
+    metrics = trainer.callback_metrics
+    assert metrics["train/query_weight_mean"].item() == pytest.approx(expected.mean().item(), rel=1e-5)
+    assert metrics["train/query_weight_max"].item() == pytest.approx(expected.max().item(), rel=1e-5)

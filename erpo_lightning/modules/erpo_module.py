@@ -20,7 +20,7 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.modules.microbatch import micro_batches, minibatch_rows, select_rows
-from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token_logprobs
+from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token_logprobs, sequence_logprobs
 
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
@@ -104,6 +104,9 @@ class ERPOModule(L.LightningModule):
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
         self.reference_cache: Any = None  # a data.ReferenceScoreCache: `padded(query_index, width) -> [B, width]`
+        self.current_policy_weights = False  # these three follow the datamodule's weight_* settings in setup()
+        self.weight_norm = "dataset"
+        self.weight_clip: tuple[float, float] | None = (0.0, 2.0)
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
         self.skipped_steps = 0
         self.consecutive_skips = 0
@@ -133,8 +136,14 @@ class ERPOModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if self.reference_cache is None and datamodule is not None:
+        if datamodule is None:
+            return
+        if self.reference_cache is None:
             self.reference_cache = getattr(datamodule, "cache", None)
+        # The released code's option: w(q) from the current policy's NLL (the datamodule then sends w = 1).
+        self.current_policy_weights = getattr(datamodule, "weight_source", None) == "current"
+        self.weight_norm = getattr(datamodule, "weight_norm", "dataset")
+        self.weight_clip = getattr(datamodule, "weight_clip", (0.0, 2.0))
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
@@ -172,6 +181,23 @@ class ERPOModule(L.LightningModule):
             old[first_row : first_row + len(response), : response.shape[1]] = response
             first_row += len(response)
         return old
+
+    @torch.no_grad()
+    def _current_policy_weights(self, batch: dict) -> torch.Tensor:
+        """w(q) from the current policy's query NLL, one forward over the prompts of the group leaders: [N]."""
+        leaders = batch["is_group_leader"]
+        prompt_length = batch["prompt_length"]
+        input_ids = batch["input_ids"][leaders, :prompt_length]
+        attention_mask = batch["attention_mask"][leaders, :prompt_length]
+        logprobs = sequence_logprobs(self.policy, input_ids, attention_mask)
+        query_mask = obj.split_prompt_response(logprobs, attention_mask, prompt_length)[1]
+        nll = -(logprobs * query_mask).sum(-1)
+        if self.weight_norm == "batch":
+            mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
+        else:
+            mean_nll = self.reference_cache.nll.float().mean()
+        weights = obj.query_weights(nll, mean_nll, self.weight_clip)
+        return weights.repeat_interleave(batch["group_size"])
 
     # --------------------------------------------------------------------------------------------- the RL update
     def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
@@ -229,6 +255,8 @@ class ERPOModule(L.LightningModule):
     def _optimizer_step(self, batch: dict) -> None:
         """Forward/backward every micro-batch of `batch` (one optimizer step's rows), then step."""
         optimizer = self.optimizers()
+        if self.current_policy_weights and self.algorithm.use_query_weights:
+            batch["query_weight"] = self._current_policy_weights(batch)
         normalizers = {
             "tokens": self._global_sum(batch["response_mask"].sum()),
             "sequences": self._global_sum(batch["response_mask"].shape[0]),
