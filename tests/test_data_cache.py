@@ -117,7 +117,7 @@ def test_two_ranks_merged_equal_one_rank(model, prompts):
 
     # The same through the gather hook, as rank 0 of 2 sees it.
     as_rank0 = compute_reference_scores(
-        model, prompts, rank=0, world_size=2, gather=lambda own: [own, shards[1]], settings=SMALL_BATCHES, progress=False
+        model, prompts, 0, 2, gather=lambda own: [own, shards[1]], settings=SMALL_BATCHES, progress=False
     )
     assert torch.equal(as_rank0.logprobs, single.logprobs)
     with pytest.raises(RuntimeError, match="not each of the 24 queries once"):
@@ -240,3 +240,18 @@ def test_cache_roundtrip_keeps_every_tensor(tmp_path):
     loaded = ReferenceScoreCache.load(tmp_path / "c.safetensors")
     assert all(torch.equal(getattr(loaded, n), getattr(cache, n)) for n in ("logprobs", "offsets", "nll", "num_tokens"))
     assert loaded.padded(torch.tensor([1, 0]), 4).tolist() == [[0, 0, 0, 0], [0, 0, -1, -2]]
+
+
+def test_vllm_prompt_logprobs_agree_with_the_transformers_path(tiny_dir, model, prompts):
+    pytest.importorskip("vllm")
+    from erpo_lightning.data.vllm_scores import build_vllm_engine
+
+    subset = prompts[:6]
+    threads = torch.get_num_threads()
+    llm = build_vllm_engine(str(tiny_dir), max_model_len=1024)
+    assert torch.get_num_threads() == threads
+    from_vllm = compute_reference_scores(llm, subset, settings=SMALL_BATCHES, progress=False)
+    from_transformers = compute_reference_scores(model, subset, settings=SMALL_BATCHES, progress=False)
+    assert torch.equal(from_vllm.offsets, from_transformers.offsets)
+    torch.testing.assert_close(from_vllm.logprobs, from_transformers.logprobs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(from_vllm.nll, from_transformers.nll, atol=1e-2, rtol=1e-5)

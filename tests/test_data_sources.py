@@ -123,7 +123,8 @@ def test_bad_rows_are_errors_naming_file_row_and_field(tmp_path):
 
 def test_missing_column_says_which_and_what_exists(tmp_path):
     path = write_jsonl(tmp_path / "q.jsonl", [{"question": "x", "answer": "1"}])
-    with pytest.raises(DataError, match=r"no column 'problem' \(problem_field\); its columns are \['question', 'answer'\]"):
+    columns = r"its columns are \['question', 'answer'\]"
+    with pytest.raises(DataError, match=r"no column 'problem' \(problem_field\); " + columns):
         load_queries({"path": str(path)})
     with pytest.raises(DataError, match=r"no column 'uid' \(id_field\)"):
         load_queries({"path": str(path), "problem_field": "question", "id_field": "uid"})
@@ -161,7 +162,8 @@ def test_overlong_prompts_are_dropped_and_reported_or_refused(tokenizer):
     assert len(prepared.queries) == 40 - expected_dropped and prepared.dropped_overlong == expected_dropped
     assert all(len(ids) <= limit for ids in prepared.prompt_ids)
     assert f"dropped {expected_dropped} prompts longer than max_prompt_length={limit}" in prepared.summary(limit)
-    with pytest.raises(DataError, match=rf"{expected_dropped} prompt\(s\) are longer .*\n  .*amc23.jsonl row \d+ \(id 'amc23/\d+'\)"):
+    listed = r"\n  .*amc23.jsonl row \d+ \(id 'amc23/\d+'\): \d+ tokens"
+    with pytest.raises(DataError, match=rf"{expected_dropped} prompt\(s\) are longer .*" + listed):
         prepare_queries(sources, tokenizer, template, max_prompt_length=limit, overlong="error")
 
 

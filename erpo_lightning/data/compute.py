@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from safetensors.torch import load_file
 
 from erpo_lightning.data.cache import ReferenceScoreCache, atomic_save_file
+from erpo_lightning.data.vllm_scores import vllm_score_batch
 from erpo_lightning.scoring import sequence_logprobs
 
 Shard = dict[str, torch.Tensor]  # {"query_index" [n], "lengths" [n], "logprobs" [sum(lengths)]}
-Gather = Callable[[Shard], list[Shard]]
+Gather = Callable[[object], list]  # one object per rank in, every rank's object out (all_gather_object)
 
 
 @dataclass
@@ -100,6 +102,7 @@ def score_shard(
     """Score this rank's share of the queries (chunks rank, rank + world_size, ...).
 
     Args:
+        model: a causal LM (torch module), or a `vllm.LLM` whose `prompt_logprobs` give the scores.
         prompts: token ids of every query (all ranks pass the same list).
         chunk_dir: where finished chunks are written and, on a rerun, read back instead of recomputed;
             None keeps everything in memory.
@@ -109,32 +112,42 @@ def score_shard(
     """
     settings = settings or ScoreSettings()
     lengths = [len(ids) for ids in prompts]
-    my_chunks = [(c, chunk) for c, chunk in enumerate(plan_chunks(lengths, settings.chunk_size)) if c % world_size == rank]
-    done: list[Shard] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"), TimeRemainingColumn())
-    with Progress(*columns, disable=not progress or rank != 0) as bar:
-        task = bar.add_task(f"reference scores (rank {rank}/{world_size})", total=sum(lengths[i] for _, c in my_chunks for i in c))
-        for chunk_number, chunk in my_chunks:
+    chunks = [(c, chunk) for c, chunk in enumerate(plan_chunks(lengths, settings.chunk_size)) if c % world_size == rank]
+    done = [_shard([], [], torch.zeros(0))]
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"))
+    show = progress and rank == 0
+    with Progress(*columns, TimeRemainingColumn(), console=Console(stderr=True), disable=not show) as bar:
+        total = sum(lengths[i] for _, chunk in chunks for i in chunk)
+        task = bar.add_task(f"reference scores (rank {rank}/{world_size})", total=total)
+        for chunk_number, chunk in chunks:
             path = Path(chunk_dir) / f"chunk_{chunk_number:06d}.safetensors" if chunk_dir else None
             result = _load_chunk(path, chunk) if path and resume else None
             if result is None:
-                rows: dict[int, torch.Tensor] = {}
-                for batch in plan_batches(chunk, lengths, settings):
-                    rows.update(zip(batch, score_batch(model, [prompts[i] for i in batch])))
-                    bar.advance(task, sum(lengths[i] for i in batch))
-                result = {
-                    "query_index": torch.tensor(chunk, dtype=torch.long),
-                    "lengths": torch.tensor([lengths[i] for i in chunk], dtype=torch.long),
-                    "logprobs": torch.cat([rows[i] for i in chunk]),
-                }
+                result = _score_chunk(model, prompts, lengths, chunk, settings, lambda n: bar.advance(task, n))
                 if path:
                     atomic_save_file(result, path)
             else:
                 bar.advance(task, int(result["lengths"].sum()))
             done.append(result)
-    if not done:
-        return {"query_index": torch.zeros(0, dtype=torch.long), "lengths": torch.zeros(0, dtype=torch.long), "logprobs": torch.zeros(0)}
-    return {key: torch.cat([shard[key] for shard in done]) for key in ("query_index", "lengths", "logprobs")}
+    return {key: torch.cat([shard[key] for shard in done]) for key in done[0]}
+
+
+def _shard(indices: Sequence[int], lengths: Sequence[int], logprobs: torch.Tensor) -> Shard:
+    return {
+        "query_index": torch.tensor(indices, dtype=torch.long),
+        "lengths": torch.tensor(lengths, dtype=torch.long),
+        "logprobs": logprobs,
+    }
+
+
+def _score_chunk(model, prompts, lengths: list[int], chunk: list[int], settings: ScoreSettings, on_batch) -> Shard:
+    """Score one chunk batch by batch (`on_batch(tokens)` after each) and return it in chunk order."""
+    score = score_batch if isinstance(model, torch.nn.Module) else vllm_score_batch
+    rows: dict[int, torch.Tensor] = {}
+    for batch in plan_batches(chunk, lengths, settings):
+        rows.update(zip(batch, score(model, [prompts[i] for i in batch])))
+        on_batch(sum(lengths[i] for i in batch))
+    return _shard(chunk, [lengths[i] for i in chunk], torch.cat([rows[i] for i in chunk]))
 
 
 def assemble(shards: Sequence[Shard], num_queries: int) -> ReferenceScoreCache:

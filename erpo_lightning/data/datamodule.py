@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -25,6 +26,7 @@ from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fing
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
+from erpo_lightning.data.vllm_scores import build_vllm_engine
 from erpo_lightning.objectives import batch_query_weights, query_weights
 
 WeightSource = Literal["reference", "current", "none"]
@@ -34,8 +36,8 @@ DEFAULT_CACHE_ROOT = Path(os.environ.get("ERPO_CACHE_HOME", Path.home() / ".cach
 
 @rank_zero_only
 def report(message: str) -> None:
-    """A one-line progress or summary message, printed once (rank 0)."""
-    print(f"[erpo data] {message}", flush=True)
+    """A one-line progress or summary message, printed once (rank 0), on stderr like the progress bar."""
+    print(f"[erpo data] {message}", file=sys.stderr, flush=True)
 
 
 def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
@@ -43,10 +45,10 @@ def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
     if strategy is None or strategy.world_size == 1:
         return 0, 1, None
 
-    def gather(shard):
-        shards = [None] * strategy.world_size
-        torch.distributed.all_gather_object(shards, shard)
-        return shards
+    def gather(obj):
+        gathered = [None] * strategy.world_size
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
 
     return strategy.global_rank, strategy.world_size, gather
 
@@ -71,6 +73,8 @@ class QueryDataModule(LightningDataModule):
         cache_dtype: dtype of the reference forward ("float32", "bfloat16", "float16").
         cache_device: device of the reference forward; None uses the trainer's device (else CUDA if available).
         cache_max_tokens, cache_batch_size, cache_chunk_size: see `ScoreSettings`.
+        cache_engine: "transformers" (a forward with `scoring.sequence_logprobs`, what the trainer uses) or "vllm"
+            (the engine's `prompt_logprobs`; needs vLLM installed; equal to ~1e-6 in float32).
         weight_source: "reference" (the paper: w from the cached reference NLL), "current" (the released code: the
             LightningModule computes w from the current policy; batches carry 1.0) or "none" (w = 1).
         weight_norm: normalise the NLL by its mean over the whole training set ("dataset", the paper) or over the
@@ -100,6 +104,7 @@ class QueryDataModule(LightningDataModule):
         cache_max_tokens: int = 16384,
         cache_batch_size: int = 64,
         cache_chunk_size: int = 512,
+        cache_engine: Literal["transformers", "vllm"] = "transformers",
         weight_source: WeightSource = "reference",
         weight_norm: WeightNorm = "dataset",
         weight_clip: Sequence[float] | None = (0.0, 2.0),
@@ -114,7 +119,7 @@ class QueryDataModule(LightningDataModule):
         self.max_prompt_length, self.overlong, self.skip_invalid = max_prompt_length, overlong, skip_invalid
         self.batch_size, self.shuffle, self.seed, self.num_workers = batch_size, shuffle, seed, num_workers
         self.cache_dir, self.cache_force = cache_dir, cache_force
-        self.cache_dtype, self.cache_device = cache_dtype, cache_device
+        self.cache_dtype, self.cache_device, self.cache_engine = cache_dtype, cache_device, cache_engine
         self.score_settings = ScoreSettings(cache_max_tokens, cache_batch_size, cache_chunk_size)
         self.weight_source, self.weight_norm = weight_source, weight_norm
         self.weight_clip = tuple(weight_clip) if weight_clip is not None else None
@@ -138,19 +143,19 @@ class QueryDataModule(LightningDataModule):
         self.prepare_queries()
         if stage in ("fit", None) and self.cache is None:
             strategy = self.trainer.strategy if self.trainer is not None else None
-            self.cache = self.build_or_load_cache(strategy=strategy)
-            self.query_weight = self._dataset_weights(self.cache.nll)
+            self.attach_cache(self.build_or_load_cache(strategy=strategy))
 
-    def _dataset_weights(self, nll: torch.Tensor) -> torch.Tensor | None:
-        """[Q] dataset-normalised w(q), or None when weights are per batch or not taken from the reference."""
-        if self.weight_source != "reference" or self.weight_norm != "dataset":
-            return None
-        weights = query_weights(nll, nll.mean(), self.weight_clip)
-        report(
-            f"query weights from the reference NLL (dataset mean {nll.mean():.2f} nats): w min {weights.min():.3f}, "
-            f"mean {weights.mean():.3f}, max {weights.max():.3f}"
-        )
-        return weights
+    def attach_cache(self, cache: ReferenceScoreCache) -> None:
+        """Use `cache` for the batches: its NLL and, with dataset normalisation, the weights w(q) derived from it."""
+        self.cache = cache
+        if self.weight_source == "reference" and self.weight_norm == "dataset":
+            nll = cache.nll
+            self.query_weight = query_weights(nll, nll.mean(), self.weight_clip)
+            report(
+                f"query weights from the reference NLL (dataset mean {nll.mean():.2f} nats): "
+                f"w min {self.query_weight.min():.3f}, mean {self.query_weight.mean():.3f}, "
+                f"max {self.query_weight.max():.3f}"
+            )
 
     def collate(self, indices: list[int]) -> dict:
         """The training batch for dataset rows `indices` (see the module docstring of `erpo_lightning.data`)."""
@@ -158,12 +163,12 @@ class QueryDataModule(LightningDataModule):
             raise RuntimeError("QueryDataModule.setup('fit') has not run: no reference scores to batch with")
         index = torch.as_tensor(indices, dtype=torch.long)
         nll = self.cache.nll[index]
-        if self.query_weight is not None:
-            weight = self.query_weight[index]
-        elif self.weight_source == "reference":
+        if self.weight_source != "reference":
+            weight = torch.ones(len(indices))
+        elif self.weight_norm == "batch":
             weight = batch_query_weights(nll, self.weight_clip)
         else:
-            weight = torch.ones(len(indices))
+            weight = self.query_weight[index]
         queries = [self.data.queries[i] for i in indices]
         return {
             "query_index": index,
@@ -191,7 +196,7 @@ class QueryDataModule(LightningDataModule):
     def cache_manifest(self) -> dict:
         """The fingerprint of the cache this configuration needs (hashes the model's weight files)."""
         data = self.prepare_queries()
-        return build_manifest(
+        manifest = build_manifest(
             self.model_path,
             self.template.to_dict(),
             data.queries,
@@ -199,6 +204,7 @@ class QueryDataModule(LightningDataModule):
             self.max_prompt_length,
             self.cache_dtype,
         )
+        return {**manifest, "engine": self.cache_engine}
 
     def build_or_load_cache(self, force: bool | None = None, strategy=None) -> ReferenceScoreCache:
         """Load the cache if it exists and matches this run; otherwise compute it and write it (rank 0).
@@ -214,19 +220,22 @@ class QueryDataModule(LightningDataModule):
         manifest = self.cache_manifest()
         digest = fingerprint_digest(manifest)
         directory = Path(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_ROOT / digest
+        rank, world_size, gather = distributed_context(strategy)
         found = read_manifest(directory)
         if found is not None and not force:
             check_manifest(found, manifest, directory)
+        reuse = found is not None and not force
+        if gather is not None:  # every rank takes the same branch: computing needs all of them
+            reuse = all(gather(reuse))
+        if reuse:
             cache = ReferenceScoreCache.load(directory / SCORES_FILE)
             report(f"loaded reference scores of {len(cache)} queries from {directory}")
             return cache
 
-        rank, world_size, gather = distributed_context(strategy)
-        device = self.cache_device or (strategy.root_device if strategy is not None else None)
-        model = load_reference_model(self.model_path, self.cache_dtype, device)
+        model = self._scoring_engine(world_size, strategy)
         report(
             f"computing reference scores of {manifest['num_queries']} queries ({manifest['num_prompt_tokens']} tokens)"
-            f" with {self.model_path} on {world_size} rank(s)"
+            f" with {self.model_path} ({self.cache_engine}) on {world_size} rank(s)"
         )
         cache = compute_reference_scores(
             model,
@@ -239,11 +248,26 @@ class QueryDataModule(LightningDataModule):
             resume=not force,
         )
         del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         if rank == 0:
             write_cache(directory, cache, manifest)
             shutil.rmtree(directory / "partial", ignore_errors=True)
         report(f"wrote reference scores to {directory}")
         return cache
+
+
+    def _scoring_engine(self, world_size: int, strategy=None):
+        """The frozen reference that scores the queries: a transformers model, or a vLLM engine."""
+        if self.cache_engine == "transformers":
+            device = self.cache_device or (strategy.root_device if strategy is not None else None)
+            return load_reference_model(self.model_path, self.cache_dtype, device)
+        if world_size > 1:
+            raise ValueError(
+                "cache_engine: vllm scores on one process; build the cache first with `erpo cache` on one device "
+                "(the trainer then loads it), or use cache_engine: transformers"
+            )
+        return build_vllm_engine(self.model_path, self.max_prompt_length + 1, self.cache_dtype)
 
 
 def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:
@@ -256,5 +280,5 @@ def load_reference_model(model_path: str, dtype: str, device: str | torch.device
 def build_or_load_cache(datamodule: QueryDataModule, force: bool = False, strategy=None) -> ReferenceScoreCache:
     """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule."""
     cache = datamodule.build_or_load_cache(force=force, strategy=strategy)
-    datamodule.cache = cache
+    datamodule.attach_cache(cache)
     return cache

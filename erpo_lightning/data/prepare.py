@@ -54,8 +54,9 @@ def _drop_cross_source_duplicates(queries: list[Query], skip_invalid: bool, skip
             earlier = first[query.query_id]
             if not skip_invalid:
                 raise DataError(
-                    f"{query.source} row {query.row}: duplicate id {query.query_id!r}, already used by {earlier.source} "
-                    f"row {earlier.row}. Give the sources distinct `label`s, or set skip_invalid: true."
+                    f"{query.source} row {query.row}: duplicate id {query.query_id!r}, already used by "
+                    f"{earlier.source} row {earlier.row}. Give the sources distinct `label`s, "
+                    "or set skip_invalid: true."
                 )
             skipped["duplicate id"] += 1
             continue
