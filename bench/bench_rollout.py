@@ -99,7 +99,12 @@ def main() -> None:
         results = {name: bench_model(name, Path(directory), args) for name in MODELS}
     report = {
         "settings": vars(args),
-        "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
+        "machine": {
+            "cpu_threads": torch.get_num_threads(),
+            "load_average_1m": round(os.getloadavg()[0], 2),  # other processes competing for the cores
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
         "models": results,
     }
     print(json.dumps(report, indent=2))

@@ -48,7 +48,7 @@ class PolicyModule(pl.LightningModule):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        self.policy = load_tiny_model(path)
+        self.policy = load_tiny_model(path).train()
         self.policy_version = 0
         self.batches: list[dict] = []
 

@@ -4,6 +4,9 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.vllm_engine import _import_vllm
@@ -142,6 +145,33 @@ def test_weight_sync_moves_engine_to_new_weights(engine, policy, prompts):
                 p.copy_(original[name])
         engine.sync_weights(policy)
     assert engine.generate(prompts, settings) == before
+
+
+def test_vllm_sync_from_fsdp2_sharded_policy(engine, policy, prompts, tiny_model_path, tmp_path):
+    if not isinstance(engine, VLLMEngine):
+        pytest.skip("vLLM only: HFEngine samples from the policy itself")
+    # In-process vLLM has already set up a one-process default group; start one only if it has not.
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        trained = load_tiny_model(tiny_model_path)
+        with torch.no_grad():
+            for p in trained.parameters():
+                p.mul_(1.1)
+        sharded = load_tiny_model(tiny_model_path)
+        sharded.load_state_dict(trained.state_dict())
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in sharded.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        engine.sync_weights(sharded)
+        samples = engine.generate(prompts, SamplingSettings(n=2, temperature=0.7, max_new_tokens=16, seed=6))
+        assert max_logprob_error(trained, prompts, samples, 0.7) < 1e-4
+    finally:
+        engine.sync_weights(policy)
+        if owns_group:
+            dist.destroy_process_group()
 
 
 def test_vllm_rejects_prompt_plus_response_beyond_max_model_len(engine, prompts):

@@ -50,7 +50,8 @@ class RolloutCallback(pl.Callback):
         overlong_penalty_factor: scale of that punishment (reward lowered by up to this much).
         correct_threshold: a response counts as correct for `rollout/accuracy` when its raw reward is at least this.
         logprob_check_every: every this many steps, recompute the response log-probs with the policy and log
-            `rollout/logprob_abs_diff` (0 = never; costs one no-grad forward of the batch).
+            `rollout/logprob_abs_diff` (0 = never; costs one no-grad forward of the batch). It is ~1e-6 in fp32
+            with top_k / top_p off; those truncate the engine's distribution, which the trainer does not.
         logprob_check_micro_batch_size: rows per forward of that check.
         tokenizer: tokenizer path; None = `pl_module.tokenizer` if present, else the policy's `name_or_path`.
     """
