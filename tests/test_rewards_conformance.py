@@ -15,7 +15,6 @@ BENCHMARKS = sorted((SHARED / "benchmarks").glob("*.jsonl"))
 # Tags whose verdict is one project's design choice; the rest are "plain maths" cases.
 CONVENTION_PREFIXES = ("convention", "extraction_policy", "config", "reasoning_tags")
 
-pytestmark = pytest.mark.skipif(not PEER_CASES.exists(), reason="../shared data not present")
 
 
 def _is_plain(case: dict) -> bool:
