@@ -129,10 +129,11 @@ class HFEngine:
         """Nothing to restore."""
 
     def _stop_ids(self, settings: SamplingSettings) -> set[int]:
-        ids = set(settings.stop_token_ids)
-        for eos in (self.tokenizer.eos_token_id, self.policy.generation_config.eos_token_id):
-            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        return ids
+        """Configured stop ids plus the tokenizer's eos and the model's (a list in some generation configs)."""
+        model_eos = self.policy.generation_config.eos_token_id
+        ids = set(settings.stop_token_ids) | set(model_eos if isinstance(model_eos, list) else [model_eos])
+        ids.add(self.tokenizer.eos_token_id)
+        return ids - {None}
 
     def _generate_rows(self, rows: list[list[int]], settings: SamplingSettings) -> list[Sample]:
         pad_id = pad_token_id(self.tokenizer)
