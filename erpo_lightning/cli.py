@@ -21,11 +21,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 
 from erpo_lightning.callbacks.rollout import RolloutCallback  # noqa: E402
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
+from erpo_lightning.evaluation import SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
 
 
 class ERPOTrainer(Trainer):
-    """Lightning's Trainer plus the `cache` subcommand."""
+    """Lightning's Trainer plus the `cache` subcommand; `validate` is the temperature sweep."""
 
     def cache(self, model: ERPOModule, datamodule: QueryDataModule, force: bool = False) -> None:
         """Compute (or check and load) the frozen-reference query score cache of the configured training data.
@@ -34,6 +35,29 @@ class ERPOTrainer(Trainer):
             force: recompute even when a matching cache exists.
         """
         build_or_load_cache(datamodule, force=force, strategy=self.strategy if self.world_size > 1 else None)
+
+    def validate(
+        self,
+        model: ERPOModule,
+        datamodule: QueryDataModule | None = None,
+        ckpt_path: str | None = None,
+        sweep: SweepConfig | None = None,
+        compare_ckpt_paths: list[str] | None = None,
+        include_base: bool = False,
+    ) -> list[dict[str, float]]:
+        """Temperature sweep: Avg@k / Pass@1 / Pass@k per benchmark and temperature, table, results files, plot.
+
+        Without a checkpoint the weights of `model.model_path` are evaluated (the "Base" row). See
+        docs/evaluation.md.
+
+        Args:
+            ckpt_path: a Lightning checkpoint whose policy weights are evaluated.
+            sweep: benchmarks, temperatures, k, ... (`SweepConfig`).
+            compare_ckpt_paths: more checkpoints, each evaluated and shown beside the first.
+            include_base: also evaluate `model.model_path` itself, first.
+        """
+        checkpoints = [path for path in (ckpt_path, *(compare_ckpt_paths or [])) if path]
+        return run_validate(self, model, datamodule, sweep or SweepConfig(), checkpoints, include_base)
 
 
 class ERPOCLI(LightningCLI):

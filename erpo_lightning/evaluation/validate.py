@@ -1,0 +1,99 @@
+"""`erpo validate`: the temperature sweep of a Hugging Face model directory and/or Lightning checkpoints.
+
+The policy, engine, reward and tokenizer are those of the training config (`model:` and `rollout:`), the prompts use
+the training template (`data:`), so "Base" rows and trained rows are measured the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from erpo_lightning.evaluation.metrics import SweepMetric
+from erpo_lightning.evaluation.report import SweepRun, plot_accuracy, print_tables, result_rows, write_results, PLOT_PNG
+from erpo_lightning.evaluation.sweep import SweepConfig, SweepRunner, find_rollout, prepare_benchmarks, prompt_settings
+
+BASE = "base"
+
+
+def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
+    """Load the `policy.*` weights of a Lightning checkpoint file into `policy` (strict: every weight must match)."""
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{ckpt_path}: no checkpoint file (a sharded checkpoint directory must be consolidated into one file first)"
+        )
+    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    weights = {key.removeprefix("policy."): value for key, value in state.items() if key.startswith("policy.")}
+    if not weights:
+        raise ValueError(f"{ckpt_path}: its state_dict has no `policy.*` weights (not an ERPOModule checkpoint?)")
+    policy.load_state_dict(weights)
+
+
+def run_labels(ckpt_paths: list[str], include_base: bool) -> list[tuple[str, str | None]]:
+    """(label, checkpoint) of each run: the model directory itself ("base") first when asked or alone."""
+    runs: list[tuple[str, str | None]] = [(BASE, None)] if include_base or not ckpt_paths else []
+    for path in ckpt_paths:
+        label = Path(path).stem
+        taken = {name for name, _ in runs}
+        runs.append((label if label not in taken else f"{label}-{len(runs)}", path))
+    return runs
+
+
+def run_validate(
+    trainer: Any,
+    model: Any,
+    datamodule: Any,
+    config: SweepConfig,
+    ckpt_paths: list[str],
+    include_base: bool = False,
+    console: Console | None = None,
+) -> list[dict[str, float]]:
+    """Sweep every run (base and/or checkpoints), print the tables, write results.json / .csv and the plot.
+
+    Returns:
+        one dict of metric values per run (names as logged, see docs/evaluation.md).
+    """
+    if trainer.world_size > 1:
+        raise ValueError("erpo validate runs on one device (trainer.devices: 1); vLLM batches the sweep on it")
+    rollout = find_rollout(trainer)
+    model.configure_model()
+    policy = model.policy.to(trainer.strategy.root_device)
+    rollout.on_fit_start(trainer, model)  # loads the tokenizer and sets the engine up on the policy
+    runner = SweepRunner.from_rollout(rollout)
+    template, tokenizer, max_prompt_length = prompt_settings(datamodule, config, rollout.tokenizer)
+    benchmarks = prepare_benchmarks(config, tokenizer, template, max_prompt_length)
+    max_new_tokens = config.max_new_tokens or rollout.settings.max_new_tokens
+    counters = getattr(rollout.reward, "counters", dict)
+
+    runs = []
+    for label, ckpt_path in run_labels(ckpt_paths, include_base):
+        if ckpt_path is not None:
+            load_policy_weights(policy, ckpt_path)
+        rollout.engine.wake_up()
+        rollout.engine.sync_weights(policy)
+        metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
+        counters()  # drop counts from before this run
+        timing = runner.run(benchmarks, config, metric, max_new_tokens)
+        rollout.engine.sleep()
+        values = {name: value.item() for name, value in metric.compute().items()}
+        runs.append(SweepRun(label, model.hparams.model_path, ckpt_path, values, timing.summary(), counters()))
+
+    rows = [row for run in runs for row in result_rows(run, benchmarks, config.temperatures)]
+    output_dir = Path(config.output_dir or trainer.log_dir or trainer.default_root_dir)
+    paths = write_results(output_dir, config, runs, rows)
+    paths["png"] = plot_accuracy(output_dir / PLOT_PNG, rows)
+    console = console or Console()
+    print_tables(rows, console)
+    for run in runs:
+        timing = run.timing
+        console.print(
+            f"[bold]{run.label}[/]: {timing['problems']} problem-temperature pairs, {timing['samples']} samples in "
+            f"{timing['wall_s']:.1f} s: {timing['problems_per_s']:.2f} problems/s, "
+            f"{timing['samples_per_s']:.1f} samples/s, {timing['tokens_per_s']:.0f} generated tokens/s"
+        )
+    console.print("wrote " + ", ".join(str(path) for path in paths.values()))
+    return [run.values for run in runs]
