@@ -63,13 +63,15 @@ def rollout_batch(model):
     }
 
 
-def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0):
+def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=()):
     """The ERPO loss from per-row unpadded forwards and the paper's formula (token-mean PG, w(q), α·token-k3)."""
     advantages = obj.group_advantages(torch.tensor(REWARDS), 2, "grpo")
     weights = [1.5, 1.5, 0.5, 0.5]
     pg_terms, tokens = 0.0, 0
     with torch.no_grad():
         for i, response in enumerate(RESPONSES):
+            if i in masked_rows:
+                continue
             # on-policy: ratio 1, the PG loss term per token is -A
             pg_terms += -advantages[i].item() * weights[i] * len(response)
             tokens += len(response)
@@ -116,7 +118,18 @@ def test_loss_matches_formula_at_step_zero(setup):
     assert metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
     assert metrics["train/query_kl"].item() == pytest.approx(expected_kl, abs=1e-6)
     assert metrics["train/ratio_mean"].item() == pytest.approx(1.0, abs=1e-6)
+    assert metrics["train/logprob_abs_diff"].item() < 1e-5  # sampling log-probs came from the same weights
     assert module.policy_version == 1
+
+
+def test_rows_masked_by_the_rollout_leave_the_loss(setup):
+    """Overlong filtering zeroes a row's response mask: the loss must follow the batch's mask."""
+    path, reference, batch, model = setup
+    batch["response_mask"][1] = 0
+    module = make_module(path, reference, query_kl_coef=0.5)
+    trainer = fit_one_batch(module, batch)
+    expected_loss, _ = hand_loss(model, reference, 0.5, masked_rows=(1,))
+    assert trainer.callback_metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
 
 
 def test_exactly_one_forward_per_micro_batch(setup):

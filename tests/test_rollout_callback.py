@@ -99,7 +99,8 @@ def fit(path, engine, loader, steps: int, **callback_kwargs):
     module = PolicyModule(str(path))
     reward = ParityReward()
     callback = RolloutCallback(
-        engine, reward, group_size=GROUP_SIZE, temperature=TEMPERATURE, max_new_tokens=12, seed=0, **callback_kwargs
+        engine, reward, group_size=GROUP_SIZE, temperature=TEMPERATURE, max_new_tokens=12, seed=0,
+        logprob_check_every=1, **callback_kwargs
     )
     trainer = pl.Trainer(
         max_steps=steps,

@@ -52,6 +52,8 @@ class RolloutCallback(pl.Callback):
         logprob_check_every: every this many steps, recompute the response log-probs with the policy and log
             `rollout/logprob_abs_diff` (0 = never; costs one no-grad forward of the batch). It is ~1e-6 in fp32
             with top_k / top_p off; those truncate the engine's distribution, which the trainer does not.
+            ERPOModule logs the same quantity for free as `train/logprob_abs_diff` (from its first forward), so
+            this extra check is off by default.
         logprob_check_micro_batch_size: rows per forward of that check.
         tokenizer: tokenizer path; None = `pl_module.tokenizer` if present, else the policy's `name_or_path`.
     """
@@ -74,7 +76,7 @@ class RolloutCallback(pl.Callback):
         overlong_buffer: int = 0,
         overlong_penalty_factor: float = 1.0,
         correct_threshold: float = 1.0,
-        logprob_check_every: int = 1,
+        logprob_check_every: int = 0,
         logprob_check_micro_batch_size: int = 16,
         tokenizer: str | None = None,
     ) -> None:

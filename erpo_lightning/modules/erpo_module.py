@@ -25,6 +25,7 @@ from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
     "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min", "query_weight_max",
+    "logprob_abs_diff",
 )  # fmt: skip
 
 
@@ -210,10 +211,13 @@ class ERPOModule(L.LightningModule):
         """Loss of one micro-batch, already divided by the global counts of its optimizer step."""
         algorithm = self.algorithm
         token_logprobs, logits = self._token_logprobs(self.policy, micro)
-        query_lp, query_mask, response_lp, response_mask = obj.split_prompt_response(
+        query_lp, query_mask, response_lp, _ = obj.split_prompt_response(
             token_logprobs, micro["attention_mask"], micro["prompt_length"]
         )
-        old = micro["old_logprobs"] if "old_logprobs" in micro else response_lp.detach()
+        # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
+        response_mask = micro["response_mask"]
+        on_policy = "old_logprobs" not in micro
+        old = response_lp.detach() if on_policy else micro["old_logprobs"]
         per_token, stats = obj.policy_gradient_loss(
             response_lp, old, micro["advantages"], response_mask,
             clip_low=algorithm.clip_low, clip_high=algorithm.clip_high, dual_clip=algorithm.dual_clip,
@@ -230,6 +234,8 @@ class ERPOModule(L.LightningModule):
         per_query = obj.per_query_kl(query_lp[leaders], reference, query_mask[leaders], algorithm.query_kl_estimator)
         loss = pg_loss + algorithm.query_kl_coef * per_query.sum() / normalizers["queries"]
         parts = {"pg_loss": pg_loss.detach(), "query_kl": per_query.detach(), "stats": stats}
+        if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
+            parts["logprob_abs_diff"] = (old - micro["sampling_logprobs"]).abs()
         if self.reference_policy is not None:
             with torch.no_grad():
                 ref_token_logprobs, _ = self._token_logprobs(self.reference_policy, micro)
@@ -302,8 +308,9 @@ class ERPOModule(L.LightningModule):
         metrics["pg_loss"].update(parts["pg_loss"])
         metrics["query_kl"].update(parts["query_kl"])
         metrics["entropy"].update(parts["entropy"], response_mask)
-        if "policy_kl" in parts:
-            metrics["policy_kl"].update(parts["policy_kl"], response_mask)
+        for name in ("policy_kl", "logprob_abs_diff"):
+            if name in parts:
+                metrics[name].update(parts[name], response_mask)
         tokens = response_mask.sum()
         for name, value in parts["stats"].items():  # token means: weight by this micro-batch's token count
             metrics[name].update(value, tokens)
@@ -324,6 +331,8 @@ class ERPOModule(L.LightningModule):
         updates = minibatch_rows(num_rows, group_size, self.hparams.update_batch_size)
         if self.hparams.num_iterations > 1 or len(updates) > 1:
             batch["old_logprobs"] = self._recompute_old_logprobs(batch)
+            mismatch = (batch["old_logprobs"] - batch["sampling_logprobs"]).abs()
+            self.train_metrics["logprob_abs_diff"].update(mismatch, batch["response_mask"])
         for _ in range(self.hparams.num_iterations):
             for rows in updates:
                 self._optimizer_step(select_rows(batch, rows))
