@@ -7,7 +7,6 @@ and reads per-token reference log-probs from it during training (`ReferenceScore
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.data.cache import SCORES_FILE, ReferenceScoreCache, read_manifest, write_cache
 from erpo_lightning.data.compute import Gather, ScoreSettings, compute_reference_scores
-from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fingerprint_digest
+from erpo_lightning.data.fingerprint import CACHE_HOME, build_manifest, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
@@ -31,7 +30,7 @@ from erpo_lightning.objectives import batch_query_weights, query_weights
 
 WeightSource = Literal["reference", "current", "none"]
 WeightNorm = Literal["dataset", "batch"]
-DEFAULT_CACHE_ROOT = Path(os.environ.get("ERPO_CACHE_HOME", Path.home() / ".cache" / "erpo_lightning")) / "reference"
+DEFAULT_CACHE_ROOT = CACHE_HOME / "reference"
 
 
 @rank_zero_only

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -39,6 +40,8 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 _READ_BYTES = 16 * 2**20
+CACHE_HOME = Path(os.environ.get("ERPO_CACHE_HOME", Path.home() / ".cache" / "erpo_lightning"))
+HASH_MEMO = CACHE_HOME / "file_hashes.json"
 
 
 class CacheMismatchError(RuntimeError):
@@ -54,15 +57,33 @@ def resolve_model_dir(model_path: str) -> Path:
     return Path(snapshot_download(model_path))
 
 
-def hash_files(paths: Iterable[Path]) -> str:
-    """sha256 over the names and bytes of `paths` (in the given order)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode() + b"\0")
+def _file_sha256(path: Path) -> str:
+    """sha256 of one file, remembered in `HASH_MEMO` by (path, size, mtime) so that a 15 GB checkpoint is read once."""
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    try:
+        memo = json.loads(HASH_MEMO.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if key not in memo:
+        digest = hashlib.sha256()
         with open(path, "rb") as handle:
             while block := handle.read(_READ_BYTES):
                 digest.update(block)
-    return digest.hexdigest()
+        memo[key] = digest.hexdigest()
+        try:  # the memo is only a speed-up: an unwritable cache home just means hashing again next time
+            HASH_MEMO.parent.mkdir(parents=True, exist_ok=True)
+            tmp = HASH_MEMO.with_name(f".{HASH_MEMO.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(memo))
+            os.replace(tmp, HASH_MEMO)
+        except OSError:
+            pass
+    return memo[key]
+
+
+def hash_files(paths: Iterable[Path]) -> str:
+    """sha256 over the names and contents of `paths` (in the given order)."""
+    return _json_hash([[path.name, _file_sha256(path)] for path in paths])
 
 
 def weights_hash(model_dir: Path) -> str:
