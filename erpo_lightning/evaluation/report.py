@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from rich.console import Console  # noqa: E402
+from rich import box  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from erpo_lightning.evaluation.metrics import ALL, HIGH, LOW, MEAN, STATS, metric_name, temperature_label  # noqa: E402
@@ -68,11 +69,11 @@ def print_tables(rows: list[dict[str, Any]], console: Console | None = None) -> 
     cell = {(r["run"], r["benchmark"], r["temperature"]): r for r in rows}
     several = len({run for run, _ in keys}) > 1
 
-    accuracy = Table(title="Avg@k (%) by temperature")
+    accuracy = Table(title="Avg@k (%) by temperature", box=box.SIMPLE_HEAD)
     split = [g for g in groups if g in (LOW, HIGH, ALL)]
     for name in (["run"] if several else []) + ["benchmark", "k", "problems"] + groups:
         accuracy.add_column(name, justify="left" if name in ("run", "benchmark") else "right")
-    passes = Table(title="Pass@1 / Pass@k (%)")
+    passes = Table(title="Pass@1 / Pass@k (%)", box=box.SIMPLE_HEAD)
     for name in (["run"] if several else []) + ["benchmark", "pass@k k"] + [f"{s} {g}" for g in split for s in ("pass@1", "pass@k")]:
         passes.add_column(name, justify="left" if name in ("run", "benchmark") else "right")
     for run, benchmark in keys:
@@ -122,8 +123,10 @@ def plot_accuracy(path: Path, rows: list[dict[str, Any]]) -> Path:
     runs = list(dict.fromkeys(r["run"] for r in points))
     benchmarks = [b for b in dict.fromkeys(r["benchmark"] for r in points) if b != MEAN]
     colours = dict(zip(benchmarks, plt.get_cmap("tab10").colors * 3))
+    # Distinct markers keep benchmarks apart where their lines coincide (e.g. all at 0% for a weak model).
+    markers = dict(zip(benchmarks, "osD^vP*Xph" * 3))
     styles = ["-", "--", ":", "-."]
-    figure, axes = plt.subplots(figsize=(8, 5))
+    figure, axes = plt.subplots(figsize=(10, 5))
     temperatures = sorted({float(r["temperature"]) for r in points})
     if temperatures[-1] > 1.0:
         axes.axvspan(1.0, temperatures[-1] + 0.05, color="0.92", zorder=0, label="T > 1.0")
@@ -132,15 +135,19 @@ def plot_accuracy(path: Path, rows: list[dict[str, Any]]) -> Path:
             line = sorted((float(p["temperature"]), 100 * p["avg@k"]) for p in points
                           if p["run"] == run and p["benchmark"] == benchmark)  # fmt: skip
             label = benchmark if len(runs) == 1 else f"{benchmark} ({run})"
-            axes.plot(*zip(*line), marker="o", markersize=3, linestyle=styles[r % len(styles)],
-                      color="black" if benchmark == MEAN else colours[benchmark],
-                      linewidth=2.2 if benchmark == MEAN else 1.4, label=label)  # fmt: skip
+            mean = benchmark == MEAN
+            axes.plot(*zip(*line), marker="." if mean else markers[benchmark], markersize=4 if mean else 7,
+                      fillstyle="full" if mean else "none", linestyle=styles[r % len(styles)],
+                      color="black" if mean else colours[benchmark], linewidth=2.2 if mean else 1.4,
+                      zorder=3 if mean else 2, label=label)  # fmt: skip
     axes.set_xlabel("sampling temperature")
     axes.set_ylabel("Avg@k accuracy (%)")
     axes.set_title("Accuracy against decoding temperature")
     axes.set_xticks(temperatures)
+    top = max((100 * p["avg@k"] for p in points if not math.isnan(p["avg@k"])), default=0.0)
+    axes.set_ylim(-0.02 * max(top, 5.0), max(top * 1.1, 5.0))
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="best")
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

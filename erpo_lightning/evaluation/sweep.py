@@ -52,7 +52,8 @@ class SweepConfig:
         temperatures: sampling temperatures (the paper: 0.1, 0.3, ..., 1.5).
         max_new_tokens: response cap in tokens; None = the RolloutCallback's.
         top_p, top_k: nucleus mass (1.0 = off) and top-k (0 = off) at every temperature.
-        seed: base seed; every engine call gets `derive_seed(seed, temperature index, k, chunk, rank)`.
+        seed: base seed; every engine call gets `derive_seed(seed, temperature index, k, chunk, rank)`; None =
+            unseeded.
         max_problems: read at most this many problems of each benchmark (None = all); a benchmark's own
             `source.limit` wins.
         batch_size: prompts per engine call (each expands to k samples).
@@ -68,7 +69,7 @@ class SweepConfig:
     max_new_tokens: int | None = None
     top_p: float = 1.0
     top_k: int = 0
-    seed: int = 0
+    seed: int | None = 0
     max_problems: int | None = None
     batch_size: int = 512
     output_dir: str | None = None
@@ -215,7 +216,7 @@ class SweepRunner:
                     settings = SamplingSettings(
                         n=k, temperature=temperature, top_p=config.top_p, top_k=config.top_k,
                         max_new_tokens=max_new_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
-                        seed=derive_seed(config.seed, t, k, chunk, rank),
+                        seed=None if config.seed is None else derive_seed(config.seed, t, k, chunk, rank),
                     )  # fmt: skip
                     self._evaluate(benchmarks, part, settings, t, metric, timing)
                     bar.update(len(part))

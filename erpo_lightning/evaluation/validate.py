@@ -6,6 +6,7 @@ the training template (`data:`), so "Base" rows and trained rows are measured th
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,8 @@ def run_validate(
     output_dir = Path(config.output_dir or trainer.log_dir or trainer.default_root_dir)
     paths = write_results(output_dir, config, runs, rows)
     paths["png"] = plot_accuracy(output_dir / PLOT_PNG, rows)
-    console = console or Console()
+    # Piped output gets a wide fixed width: the table has a column per temperature.
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     print_tables(rows, console)
     for run in runs:
         timing = run.timing
