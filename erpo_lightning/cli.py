@@ -26,7 +26,14 @@ from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
 
 
 class ERPOTrainer(Trainer):
-    """Lightning's Trainer plus the `cache` subcommand; `validate` is the temperature sweep."""
+    """Lightning's Trainer plus the `cache` subcommand; `validate` is the temperature sweep.
+
+    `use_distributed_sampler` defaults to False: the datamodule's `QueryBatchSampler` already gives each rank its
+    share of every global batch, and resumes mid-epoch.
+    """
+
+    def __init__(self, *args, use_distributed_sampler: bool = False, **kwargs) -> None:
+        super().__init__(*args, use_distributed_sampler=use_distributed_sampler, **kwargs)
 
     def cache(self, model: ERPOModule, datamodule: QueryDataModule, force: bool = False) -> None:
         """Compute (or check and load) the frozen-reference query score cache of the configured training data.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -23,6 +24,7 @@ from erpo_lightning.data.cache import SCORES_FILE, ReferenceScoreCache, read_man
 from erpo_lightning.data.compute import Gather, ScoreSettings, compute_reference_scores
 from erpo_lightning.data.fingerprint import CACHE_HOME, build_manifest, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
+from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.data.vllm_scores import build_vllm_engine
@@ -126,6 +128,8 @@ class QueryDataModule(LightningDataModule):
         self.data: PreparedQueries | None = None
         self.cache: ReferenceScoreCache | None = None
         self.query_weight: torch.Tensor | None = None
+        self.batch_sampler: QueryBatchSampler | None = None
+        self._resume_position: dict | None = None  # from a checkpoint, used by the next train_dataloader()
 
     # -- data ------------------------------------------------------------------------------------------------------
 
@@ -179,16 +183,29 @@ class QueryDataModule(LightningDataModule):
         }
 
     def train_dataloader(self) -> DataLoader:
+        """Batches of `batch_size` queries per rank, resumable mid-epoch (see `QueryBatchSampler`)."""
         num_queries = len(self.prepare_queries().queries)
-        return DataLoader(
-            range(num_queries),
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            generator=torch.Generator().manual_seed(self.seed),
-            drop_last=num_queries >= self.batch_size,
-            num_workers=self.num_workers,
-            collate_fn=self.collate,
-        )
+        trainer = self.trainer
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        sampler = QueryBatchSampler(num_queries, self.batch_size, self.shuffle, self.seed, True, rank, world_size)
+        if self._resume_position is not None:
+            sampler.load_state_dict(self._resume_position)
+            self._resume_position = None
+        self.batch_sampler = sampler
+        return DataLoader(range(num_queries), batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate)
+
+    def state_dict(self) -> dict:
+        """The data position, saved in Lightning checkpoints: epoch and batches of it already trained on."""
+        if self.batch_sampler is None or self.trainer is None:
+            return {}
+        # Checkpoints are written in on_train_batch_end: the current batch counts as processed, not yet completed.
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"sampler": self.batch_sampler.state_dict(done)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._resume_position = state_dict.get("sampler")
+        # Lightning warns that a plain DataLoader cannot resume mid-epoch; this one can (the sampler skips ahead).
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
     # -- reference score cache --------------------------------------------------------------------------------------
 

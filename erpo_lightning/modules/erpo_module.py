@@ -9,17 +9,20 @@ steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from torchmetrics import MaxMetric, MinMetric
+from torchmetrics.utilities.distributed import gather_all_tensors
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.modules.microbatch import micro_batches, minibatch_rows, select_rows
+from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token_logprobs, sequence_logprobs
 
 TRAIN_METRICS = (
@@ -52,6 +55,10 @@ class ERPOModule(L.LightningModule):
             (a skipped step does not count towards `max_steps`).
         max_consecutive_skips: with `skip`, stop the run after this many skipped steps in a row.
         dtype: `float32` | `bfloat16` | `float16` for the policy weights.
+        gradient_checkpointing: recompute each decoder layer's activations in backward (activation checkpointing).
+        fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
+            while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
+            None = compute in `dtype`. Ignored without FSDP2.
     """
 
     def __init__(
@@ -82,6 +89,7 @@ class ERPOModule(L.LightningModule):
         max_consecutive_skips: int = 10,
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
+        fsdp_mixed_precision: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
@@ -105,7 +113,8 @@ class ERPOModule(L.LightningModule):
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
         self.reference_cache: Any = None  # a data.ReferenceScoreCache: `padded(query_index, width) -> [B, width]`
-        self.current_policy_weights = False  # these three follow the datamodule's weight_* settings in setup()
+        self.current_policy_weights = False  # these follow the datamodule's weight_* settings in setup()
+        self.batch_weights_from_reference = False
         self.weight_norm = "dataset"
         self.weight_clip: tuple[float, float] | None = (0.0, 2.0)
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
@@ -125,15 +134,25 @@ class ERPOModule(L.LightningModule):
         )
 
     def configure_model(self) -> None:
-        """Load the policy (and the frozen reference model when Policy-KL is used or monitored)."""
+        """Load the policy (and the frozen reference model when Policy-KL is used or monitored).
+
+        Under `ModelParallelStrategy` both are sharded with FSDP2, one unit per decoder layer
+        (`sharding.shard_causal_lm`); under DDP or one device they stay whole.
+        """
         if self.policy is not None:
             return
         self.policy = self._load_causal_lm().train()
         if self.hparams.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+            # Non-reentrant: the recomputed forward goes through FSDP2's per-layer hooks again, like the first one.
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.policy.config.use_cache = False
         if self.algorithm.policy_kl_coef > 0 or self.hparams.monitor_policy_kl:
             self.reference_policy = self._load_causal_lm().eval().requires_grad_(False)
+        if self.device_mesh is not None:  # set by ModelParallelStrategy only
+            mesh = data_parallel_mesh(self.device_mesh)
+            for model in (self.policy, self.reference_policy):
+                if model is not None:
+                    shard_causal_lm(model, mesh, self.hparams.fsdp_mixed_precision)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -144,7 +163,24 @@ class ERPOModule(L.LightningModule):
         # The released code's option: w(q) from the current policy's NLL (the datamodule then sends w = 1).
         self.current_policy_weights = getattr(datamodule, "weight_source", None) == "current"
         self.weight_norm = getattr(datamodule, "weight_norm", "dataset")
+        # The datamodule normalises reference weights over one rank's batch; the module redoes it over all ranks.
+        self.batch_weights_from_reference = (
+            getattr(datamodule, "weight_source", None) == "reference" and self.weight_norm == "batch"
+        )
         self.weight_clip = getattr(datamodule, "weight_clip", (0.0, 2.0))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["erpo"] = {
+            "policy_version": self.policy_version,
+            "skipped_steps": self.skipped_steps,
+            "consecutive_skips": self.consecutive_skips,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("erpo", {})
+        self.policy_version = state.get("policy_version", 0)
+        self.skipped_steps = state.get("skipped_steps", 0)
+        self.consecutive_skips = state.get("consecutive_skips", 0)
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
@@ -176,23 +212,31 @@ class ERPOModule(L.LightningModule):
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
         old = torch.zeros_like(batch["sampling_logprobs"])
         first_row = 0  # micro-batches are consecutive rows
-        for micro in micro_batches(batch, self.hparams.micro_batch_tokens):
+        for micro, real in self._rank_aligned_micro_batches(batch):
             token_logprobs, _ = self._token_logprobs(self.policy, micro)
+            if not real:
+                continue
             response = token_logprobs[:, micro["prompt_length"] :]
             old[first_row : first_row + len(response), : response.shape[1]] = response
             first_row += len(response)
         return old
 
     @torch.no_grad()
-    def _current_policy_weights(self, batch: dict) -> torch.Tensor:
-        """w(q) from the current policy's query NLL, one forward over the prompts of the group leaders: [N]."""
+    def _step_query_weights(self, batch: dict) -> torch.Tensor:
+        """w(q) of an optimizer step's rows, [N], with a batch normaliser taken over the step's queries on all ranks.
+
+        The NLL is the current policy's (one forward over the group leaders' prompts) or the cached reference's.
+        """
         leaders = batch["is_group_leader"]
-        prompt_length = batch["prompt_length"]
-        input_ids = batch["input_ids"][leaders, :prompt_length]
-        attention_mask = batch["attention_mask"][leaders, :prompt_length]
-        logprobs = sequence_logprobs(self.policy, input_ids, attention_mask)
-        query_mask = obj.split_prompt_response(logprobs, attention_mask, prompt_length)[1]
-        nll = -(logprobs * query_mask).sum(-1)
+        if self.current_policy_weights:
+            prompt_length = batch["prompt_length"]
+            input_ids = batch["input_ids"][leaders, :prompt_length]
+            attention_mask = batch["attention_mask"][leaders, :prompt_length]
+            logprobs = sequence_logprobs(self.policy, input_ids, attention_mask)
+            query_mask = obj.split_prompt_response(logprobs, attention_mask, prompt_length)[1]
+            nll = -(logprobs * query_mask).sum(-1)
+        else:
+            nll = self.reference_cache.nll[batch["query_index"][leaders].cpu()].to(self.device)
         if self.weight_norm == "batch":
             mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
         else:
@@ -201,11 +245,36 @@ class ERPOModule(L.LightningModule):
         return weights.repeat_interleave(batch["group_size"])
 
     # --------------------------------------------------------------------------------------------- the RL update
-    def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
-        value = torch.as_tensor(value, dtype=torch.float32, device=self.device)
+    def _all_reduce(self, value: torch.Tensor | float, reduce_op: str) -> torch.Tensor:
+        """`value` (any shape) reduced over all ranks with `reduce_op` ("sum", "max"), as float32."""
+        value = torch.as_tensor(value, dtype=torch.float32, device=self.device).clone()  # reduced in place
         if self._trainer is None or self.trainer.world_size == 1:
             return value
-        return self.trainer.strategy.reduce(value, reduce_op="sum")
+        return self.trainer.strategy.reduce(value, reduce_op=reduce_op)
+
+    def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
+        return self._all_reduce(value, "sum")
+
+    def _rank_aligned_micro_batches(self, batch: dict) -> Iterator[tuple[dict, bool]]:
+        """(micro-batch, real) pairs: `batch`'s micro-batches, then one-row fillers (real=False) until every rank
+        has yielded as many. Under DDP and FSDP every forward/backward runs collectives, so the counts must agree.
+        """
+        micros = list(micro_batches(batch, self.hparams.micro_batch_tokens))
+        count = int(self._all_reduce(len(micros), "max"))
+        yield from ((micro, True) for micro in micros)
+        filler = select_rows(micros[0], torch.arange(1))
+        yield from ((filler, False) for _ in range(count - len(micros)))
+
+    def _advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+        """Advantages of this rank's rows, [N]. Groups never span ranks, so group baselines are local; the
+        `reinforce` batch-mean baseline is the mean over every rank's rows.
+        """
+        estimator = self.algorithm.advantage_estimator
+        if estimator != "reinforce" or self._trainer is None or self.trainer.world_size == 1:
+            return obj.group_advantages(rewards, group_size, estimator)
+        gathered = gather_all_tensors(rewards.float())  # ranks may hold different numbers of rows
+        offset = sum(len(part) for part in gathered[: self.global_rank])
+        return obj.group_advantages(torch.cat(gathered), group_size, estimator)[offset : offset + len(rewards)]
 
     def _micro_loss(self, micro: dict, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch, already divided by the global counts of its optimizer step."""
@@ -261,8 +330,8 @@ class ERPOModule(L.LightningModule):
     def _optimizer_step(self, batch: dict) -> None:
         """Forward/backward every micro-batch of `batch` (one optimizer step's rows), then step."""
         optimizer = self.optimizers()
-        if self.current_policy_weights and self.algorithm.use_query_weights:
-            batch["query_weight"] = self._current_policy_weights(batch)
+        if self.algorithm.use_query_weights and (self.current_policy_weights or self.batch_weights_from_reference):
+            batch["query_weight"] = self._step_query_weights(batch)
         normalizers = {
             "tokens": self._global_sum(batch["response_mask"].sum()),
             "sequences": self._global_sum(batch["response_mask"].shape[0]),
@@ -270,18 +339,25 @@ class ERPOModule(L.LightningModule):
         }
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
-        finite = True
-        for micro in micro_batches(batch, self.hparams.micro_batch_tokens):
+        step_sums = torch.zeros(2, device=self.device)  # (loss, pg_loss): micro-batches hold shares of the step's
+        recorded = []
+        for micro, real in self._rank_aligned_micro_batches(batch):
             loss, parts = self._micro_loss(micro, normalizers)
-            finite = self._check_finite("loss", loss) and finite
-            if not finite:
-                break
-            self.manual_backward(loss * scale)
-            self._update_metrics(micro, loss, parts)
+            # Even a non-finite loss goes through backward: every rank must run the same collectives.
+            self.manual_backward(loss * (scale if real else 0.0))
+            if real:
+                step_sums += torch.stack([loss.detach(), parts["pg_loss"]])
+                recorded.append((micro, parts))
+        step_loss, step_pg_loss = self._global_sum(step_sums)  # the whole step's values, equal on every rank
+        finite = self._check_finite("loss", step_loss)
         if finite and self.hparams.gradient_clip_norm is not None:
             grad_norm = self.clip_gradients_norm()
             finite = self._check_finite("gradient norm", grad_norm)
         if finite:
+            self.train_metrics["loss"].update(step_loss)
+            self.train_metrics["pg_loss"].update(step_pg_loss)
+            for micro, parts in recorded:
+                self._update_metrics(micro, parts)
             optimizer.step()
             self.lr_schedulers().step()
             self.policy_version += 1
@@ -297,15 +373,13 @@ class ERPOModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
 
     def clip_gradients_norm(self) -> torch.Tensor:
-        """Clip the global gradient norm to `gradient_clip_norm` and return the norm before clipping."""
+        """Clip the global gradient norm (across ranks and shards) to `gradient_clip_norm`; return it before clipping."""
         parameters = [p for p in self.policy.parameters() if p.grad is not None]
-        return torch.nn.utils.clip_grad_norm_(parameters, self.hparams.gradient_clip_norm)
+        return clip_grad_norm(parameters, self.hparams.gradient_clip_norm)
 
-    def _update_metrics(self, micro: dict, loss: torch.Tensor, parts: dict) -> None:
+    def _update_metrics(self, micro: dict, parts: dict) -> None:
         metrics = self.train_metrics
         response_mask = micro["response_mask"]
-        metrics["loss"].update(loss)
-        metrics["pg_loss"].update(parts["pg_loss"])
         metrics["query_kl"].update(parts["query_kl"])
         metrics["entropy"].update(parts["entropy"], response_mask)
         for name in ("policy_kl", "logprob_abs_diff"):
@@ -326,7 +400,7 @@ class ERPOModule(L.LightningModule):
         group_size = batch["group_size"]
         num_rows = batch["input_ids"].shape[0]
         batch = dict(batch)
-        batch["advantages"] = obj.group_advantages(batch["rewards"], group_size, self.algorithm.advantage_estimator)
+        batch["advantages"] = self._advantages(batch["rewards"], group_size)
         batch["is_group_leader"] = torch.arange(num_rows, device=batch["rewards"].device) % group_size == 0
         updates = minibatch_rows(num_rows, group_size, self.hparams.update_batch_size)
         if self.hparams.num_iterations > 1 or len(updates) > 1:

@@ -1,0 +1,174 @@
+"""Training-step cost of `erpo` vs `grpo` (β = 0) vs `grpo_kl`, on the same replayed rollout batch; prints JSON.
+
+ERPO's claims: Query-KL is nearly free (it reuses the forward that scores the responses, against cached reference
+scores), and it needs no reference model in memory, unlike Policy-KL. Each algorithm runs in its own subprocess
+(so peak memory is its own), the three interleaved over `--rounds`, each doing `--steps` timed optimizer steps
+after one warm-up step on the identical rollout batch. Ratios are of medians measured in the same run.
+
+    .venv/bin/python bench/bench_step.py                         # CPU, ~20M-parameter Qwen2, fp32
+    python bench/bench_step.py --device cuda --size 0.5b --dtype bfloat16 --queries 16 --prompt-len 256 --response-len 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+ALGORITHMS = ("erpo", "grpo", "grpo_kl")
+SIZES = {  # Qwen2 shapes; "0.5b" is Qwen2.5-0.5B's (with its 151,936-token vocabulary)
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=320),
+    "20m": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, vocab_size=8192),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+}  # fmt: skip
+
+
+def build_model(size: str, path: Path) -> None:
+    config = Qwen2Config(**SIZES[size], max_position_embeddings=4096, tie_word_embeddings=True, torch_dtype="float32")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+
+
+def rollout_batch(args, vocab_size: int) -> dict:
+    """B·G rows of random prompt/response tokens: prompts left-padded, responses right-padded, lengths varied."""
+    generator = torch.Generator().manual_seed(0)
+    rows = args.queries * args.group_size
+    width = args.prompt_len + args.response_len
+    input_ids = torch.randint(1, vocab_size, (rows, width), generator=generator)
+    attention_mask = torch.ones(rows, width, dtype=torch.long)
+    prompt_lengths = torch.randint(args.prompt_len // 2, args.prompt_len + 1, (args.queries,), generator=generator)
+    response_lengths = torch.randint(args.response_len // 4, args.response_len + 1, (rows,), generator=generator)
+    for row in range(rows):
+        attention_mask[row, : args.prompt_len - int(prompt_lengths[row // args.group_size])] = 0
+        attention_mask[row, args.prompt_len + int(response_lengths[row]) :] = 0
+    for query in range(args.queries):  # the G rows of a group share their prompt
+        input_ids[query * args.group_size : (query + 1) * args.group_size, : args.prompt_len] = input_ids[
+            query * args.group_size, : args.prompt_len
+        ]
+    response_mask = attention_mask[:, args.prompt_len :].clone()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "prompt_length": args.prompt_len,
+        "response_mask": response_mask,
+        "sampling_logprobs": -torch.rand(rows, args.response_len, generator=generator) * response_mask,
+        "rewards": torch.randint(0, 2, (rows,), generator=generator).float(),
+        "group_index": torch.arange(rows) // args.group_size,
+        "query_index": torch.arange(rows) // args.group_size,
+        "query_weight": torch.ones(rows),
+        "truncated": torch.zeros(rows, dtype=torch.bool),
+        "group_size": args.group_size,
+    }
+
+
+def worker(args) -> dict:
+    """One algorithm: warm-up step, then `--steps` timed steps; returns times and peak memory."""
+    import lightning as L
+
+    from erpo_lightning.data.cache import ReferenceScoreCache
+    from erpo_lightning.modules.erpo_module import ERPOModule
+    from erpo_lightning.scoring import sequence_logprobs
+
+    torch.set_num_threads(args.threads)
+    model_path = Path(args.workdir) / "model"
+    batch = rollout_batch(args, SIZES[args.size]["vocab_size"])
+    module = ERPOModule(str(model_path), algorithm=args.algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens)
+    module.configure_model()
+    device = torch.device(args.device)
+    with torch.no_grad():  # the reference cache: one value per prompt token, from the initial model
+        prompts = batch["input_ids"][:: args.group_size, : args.prompt_len]
+        masks = batch["attention_mask"][:: args.group_size, : args.prompt_len]
+        module.policy.to(device)
+        scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
+    module.reference_cache = ReferenceScoreCache.from_rows([s[m.bool()] for s, m in zip(scored, masks)]).to(device)
+
+    times: list[float] = []
+
+    class StepTimer(L.Callback):
+        def on_train_batch_start(self, *_):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, *_):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.start)
+
+    trainer = L.Trainer(
+        max_steps=args.steps + 1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[StepTimer()],
+    )  # fmt: skip
+    loader = torch.utils.data.DataLoader([batch] * (args.steps + 1), batch_size=None, collate_fn=lambda b: b)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    trainer.fit(module, train_dataloaders=loader)
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if device.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
+    return {"step_s": times[1:], "peak_mib": peak, "query_kl": float(trainer.callback_metrics["train/query_kl"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=SIZES, default="20m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--queries", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--response-len", type=int, default=128)
+    parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--algorithm", choices=ALGORITHMS, help=argparse.SUPPRESS)  # worker mode
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.algorithm:
+        print(json.dumps(worker(args)))
+        return
+
+    with tempfile.TemporaryDirectory() as workdir:
+        build_model(args.size, Path(workdir) / "model")
+        results: dict[str, list[dict]] = {name: [] for name in ALGORITHMS}
+        for round_index in range(args.rounds):
+            order = ALGORITHMS if round_index % 2 == 0 else ALGORITHMS[::-1]  # interleave against drift
+            for name in order:
+                command = [sys.executable, __file__, *sys.argv[1:], "--algorithm", name, "--workdir", workdir]
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+                results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    summary = {
+        name: {
+            "step_s_median": statistics.median(t for run in runs for t in run["step_s"]),
+            "peak_mib": max(run["peak_mib"] for run in runs),
+            "query_kl_last": runs[-1]["query_kl"],
+        }
+        for name, runs in results.items()
+    }
+    report = {
+        "config": {k: v for k, v in vars(args).items() if k not in ("algorithm", "workdir")},
+        "torch": torch.__version__,
+        "results": summary,
+        "ratios": {
+            "step_erpo_over_grpo": summary["erpo"]["step_s_median"] / summary["grpo"]["step_s_median"],
+            "step_erpo_over_grpo_kl": summary["erpo"]["step_s_median"] / summary["grpo_kl"]["step_s_median"],
+            "peak_erpo_over_grpo_kl": summary["erpo"]["peak_mib"] / summary["grpo_kl"]["peak_mib"],
+        },
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

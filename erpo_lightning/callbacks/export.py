@@ -1,0 +1,58 @@
+"""Export the trained policy as a Hugging Face model directory (`save_pretrained` + tokenizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import AutoTokenizer
+
+
+def export_policy(policy: torch.nn.Module, tokenizer_path: str, output_dir: str | Path, is_global_zero: bool) -> Path:
+    """Write `policy` (plain or FSDP2-sharded) and its tokenizer to `output_dir`, loadable by transformers and vLLM.
+
+    Every rank must call this: gathering a sharded state dict is a collective; only rank 0 writes.
+    """
+    output_dir = Path(output_dir)
+    state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if is_global_zero:
+        policy.save_pretrained(output_dir, state_dict=state)
+        AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(output_dir)
+    return output_dir
+
+
+class HFExportCallback(pl.Callback):
+    """Saves the policy with `save_pretrained` at the end of training, and every `every_n_steps` if > 0.
+
+    Args:
+        output_dir: where to write; None = `<trainer.log_dir or default_root_dir>/hf_model`. Periodic exports go
+            to `<output_dir>/step_<global_step>`, the final one to `output_dir` itself.
+        every_n_steps: also export every this many optimizer steps (0 = only at the end).
+    """
+
+    def __init__(self, output_dir: str | None = None, every_n_steps: int = 0) -> None:
+        self.output_dir = output_dir
+        self.every_n_steps = every_n_steps
+        self._last_exported_step = -1
+
+    def _directory(self, trainer: pl.Trainer) -> Path:
+        if self.output_dir is not None:
+            return Path(self.output_dir)
+        return Path(trainer.log_dir or trainer.default_root_dir) / "hf_model"
+
+    def _export(self, trainer: pl.Trainer, pl_module: pl.LightningModule, directory: Path) -> None:
+        path = export_policy(pl_module.policy, pl_module.hparams.model_path, directory, trainer.is_global_zero)
+        self._last_exported_step = trainer.global_step
+        if trainer.is_global_zero:
+            print(f"[erpo] exported the policy at step {trainer.global_step} to {path}", flush=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # Several optimizer steps may pass per batch (manual optimization): export when a multiple was crossed.
+        step = trainer.global_step
+        if self.every_n_steps > 0 and step // self.every_n_steps > max(self._last_exported_step, 0) // self.every_n_steps:
+            self._export(trainer, pl_module, self._directory(trainer) / f"step_{step}")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._export(trainer, pl_module, self._directory(trainer))
