@@ -182,3 +182,20 @@ def test_current_policy_weights_released_code_option(setup):
     metrics = trainer.callback_metrics
     assert metrics["train/query_weight_mean"].item() == pytest.approx(expected.mean().item(), rel=1e-5)
     assert metrics["train/query_weight_max"].item() == pytest.approx(expected.max().item(), rel=1e-5)
+
+
+def test_one_step_raises_good_responses_and_lowers_bad_ones(setup):
+    """The update direction: after one step, positive-advantage responses are likelier, negative ones less likely."""
+    path, reference, batch, model = setup
+    module = make_module(path, reference, algorithm="grpo")
+    fit_one_batch(module, batch)
+
+    def response_logprob(policy, row):
+        full = torch.tensor([PROMPTS[row // 2] + RESPONSES[row]])
+        with torch.no_grad():
+            logits = policy(full).logits / TEMPERATURE
+        return gather_token_logprobs(logits, full)[0, -len(RESPONSES[row]) :].sum().item()
+
+    for row, reward in enumerate(REWARDS):
+        before, after = response_logprob(model, row), response_logprob(module.policy, row)
+        assert (after > before) == (reward == 1.0), (row, reward, before, after)

@@ -8,10 +8,14 @@ over the eval benchmarks: a policy that only gets better on the training queries
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from rich.console import Console
+from rich.table import Table
 
 from erpo_lightning.evaluation.metrics import MEAN, SweepMetric, metric_name, temperature_groups, temperature_label
 from erpo_lightning.evaluation.sweep import (
@@ -35,6 +39,9 @@ class TemperatureSweepCallback(pl.Callback):
         train_sample_size: training queries in the fixed sample for the train-vs-eval gap (0 = no gap).
         train_k: samples per training query at each temperature.
         train_sample_seed: seed of the choice of that sample.
+        run_at_start: also sweep before the first training step (the starting point, logged at step 0).
+        run_at_end: also sweep after the last step, and print a before/after table (with `run_at_start`) plus the
+            final Query-KL; written to `<log_dir>/sweep_summary.json` too.
     """
 
     def __init__(
@@ -44,6 +51,8 @@ class TemperatureSweepCallback(pl.Callback):
         train_sample_size: int = 64,
         train_k: int = 4,
         train_sample_seed: int = 0,
+        run_at_start: bool = False,
+        run_at_end: bool = False,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be at least 1, got {every_n_steps}")
@@ -52,9 +61,17 @@ class TemperatureSweepCallback(pl.Callback):
         self.train_sample_size = train_sample_size
         self.train_k = train_k
         self.train_sample_seed = train_sample_seed
+        self.run_at_start, self.run_at_end = run_at_start, run_at_end
+        self.history: list[tuple[int, dict[str, float]]] = []  # (global step, values) of every sweep
         self.benchmarks: list[PreparedBenchmark] | None = None
         self.metric: SweepMetric | None = None
         self._batches = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.run_at_start and trainer.global_step == 0:
+            values = self.evaluate(trainer, pl_module)
+            for logger in trainer.loggers:  # Lightning allows no self.log here
+                logger.log_metrics({name: float(value) for name, value in values.items()}, step=0)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -62,6 +79,17 @@ class TemperatureSweepCallback(pl.Callback):
         self._batches += 1
         if self._batches % self.every_n_steps == 0:
             pl_module.log_dict(self.evaluate(trainer, pl_module), on_step=True, on_epoch=False, batch_size=1)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.run_at_end:
+            return
+        if not self.history or self.history[-1][0] != trainer.global_step:
+            values = self.evaluate(trainer, pl_module)
+            for logger in trainer.loggers:
+                logger.log_metrics({name: float(value) for name, value in values.items()}, step=trainer.global_step)
+        if trainer.is_global_zero:
+            query_kl = trainer.callback_metrics.get("train/query_kl")
+            print_sweep_summary(self.history, None if query_kl is None else float(query_kl), trainer.log_dir)
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
         """One sweep of the current policy on every rank's share of the problems; the global metrics."""
@@ -87,6 +115,7 @@ class TemperatureSweepCallback(pl.Callback):
                 values["train_eval_gap" if group == "all" else f"train_eval_gap/{group}"] = gap
         values["val/problems_per_s"] = torch.tensor(timing.summary()["problems_per_s"])
         values.update({f"val/grader_{key}": torch.tensor(float(value)) for key, value in counters().items()})
+        self.history.append((trainer.global_step, {name: float(value) for name, value in values.items()}))
         return values
 
     def _prepare(self, trainer: pl.Trainer, rollout: Any) -> None:
@@ -112,7 +141,30 @@ class TemperatureSweepCallback(pl.Callback):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batches": self._batches}
+        return {"batches": self._batches, "history": self.history}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._batches = state_dict["batches"]
+        self.history = [tuple(entry) for entry in state_dict.get("history", [])]
+
+
+def print_sweep_summary(history: list[tuple[int, dict[str, float]]], query_kl: float | None, log_dir: str | None) -> None:
+    """A table of every Avg@k / Pass@k value at the first and the last sweep, and the final Query-KL."""
+    if not history:
+        return
+    (first_step, first), (last_step, last) = history[0], history[-1]
+    table = Table(title="erpo: held-out accuracy before and after training")
+    for column in ("metric", f"step {first_step}", f"step {last_step}", "change"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    # Per benchmark and temperature; Pass@1 is left out (it equals Avg@k when every problem has k samples).
+    names = [n for n in last if n in first and "/T=" in n and "/mean/" not in n and n.split("/")[1] in ("avg@k", "pass@k")]
+    for name in names:
+        change = 100 * (last[name] - first[name])
+        table.add_row(name, f"{100 * first[name]:.1f}%", f"{100 * last[name]:.1f}%", f"{change:+.1f} pts")
+    console = Console()
+    console.print(table)
+    if query_kl is not None:
+        console.print(f"final Query-KL(ρθ ‖ ρθ0): {query_kl:.3g}")
+    if log_dir is not None:
+        summary = {"first_step": first_step, "last_step": last_step, "before": first, "after": last, "query_kl": query_kl}
+        (Path(log_dir) / "sweep_summary.json").write_text(json.dumps(summary, indent=2))
