@@ -37,7 +37,7 @@ def test_validate_writes_table_files_and_plot(tmp_path, tiny_model_path, benchma
         "seed_everything": 0,
         "trainer": {"accelerator": "cpu", "devices": 1, "logger": False, "default_root_dir": str(tmp_path)},
         "model": {"model_path": str(tiny_model_path)},
-        "data": {"train": [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 4}], "template": "qwen25-math-cot"},
+        "data": {"template": "qwen25-math-cot"},  # no training data: a bare model directory is evaluated
         "rollout": {
             "engine": {"class_path": "erpo_lightning.rollout.HFEngine"},
             "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
