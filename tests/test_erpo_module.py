@@ -199,3 +199,10 @@ def test_one_step_raises_good_responses_and_lowers_bad_ones(setup):
     for row, reward in enumerate(REWARDS):
         before, after = response_logprob(model, row), response_logprob(module.policy, row)
         assert (after > before) == (reward == 1.0), (row, reward, before, after)
+
+
+def test_training_without_reference_scores_says_how_to_get_them(setup):
+    path, _, batch, _ = setup
+    module = ERPOModule(str(path))
+    with pytest.raises(RuntimeError, match="QueryDataModule"):
+        fit_one_batch(module, batch)

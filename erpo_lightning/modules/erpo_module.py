@@ -169,6 +169,13 @@ class ERPOModule(L.LightningModule):
         )
         self.weight_clip = getattr(datamodule, "weight_clip", (0.0, 2.0))
 
+    def on_fit_start(self) -> None:
+        if self.reference_cache is None:
+            raise RuntimeError(
+                "ERPOModule has no reference query scores (needed for Query-KL, which every algorithm logs): train "
+                "with erpo_lightning.data.QueryDataModule, which computes or loads them, or set module.reference_cache"
+            )
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["erpo"] = {
             "policy_version": self.policy_version,
