@@ -11,6 +11,7 @@ directories (one shard per rank); `export_hf_checkpoint` turns one into a Huggin
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 import torch
@@ -91,7 +92,9 @@ def export_hf_checkpoint(checkpoint_dir: str | Path, model_path: str, output_dir
 
     model = AutoModelForCausalLM.from_pretrained(model_path)
     state = {POLICY_PREFIX + name: tensor for name, tensor in model.state_dict().items()}
-    load({"state_dict": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        load({"state_dict": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(output_dir)

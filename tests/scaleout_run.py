@@ -1,0 +1,201 @@
+"""One training run of `tests/test_distributed.py`: ERPOModule on fixed global rollout batches, under a strategy.
+
+    python tests/scaleout_run.py MODEL_DIR OUT_DIR --strategy {single,ddp,fsdp} --config {erpo,reinforce}
+        [--save-checkpoints] [--resume CHECKPOINT]
+
+Lightning launches the second process itself (it re-runs this script). Every run trains on the same global
+batches, one per epoch; rank r of W takes the whole groups r, r + W, ... of each. Rank 0 writes
+`OUT_DIR/run.json` (the logged `train/` metrics of every batch, whether the policy was sharded and checkpointed its
+activations) and `OUT_DIR/weights.pt` (the final full policy state dict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from erpo_lightning.data.cache import ReferenceScoreCache
+from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.scoring import gather_token_logprobs, sequence_logprobs
+from erpo_lightning.tiny import load_tiny_model
+
+PAD = 256
+TEMPERATURE = 0.8
+GROUP_SIZE = 2
+NUM_BATCHES = 3
+# Groups 0 and 2 (rank 0 of 2) are long, 1 and 3 short: under a small token budget rank 0 has more micro-batches.
+PROMPT_LENGTHS = [6, 3, 5, 4]
+RESPONSE_LENGTHS = [[5, 4], [1, 2], [5, 5], [2, 1]]
+CONFIGS = {
+    # The paper's ERPO (GRPO advantages, token-mean, w(q), token-k3 Query-KL); two optimizer steps per batch, the
+    # second off-policy; clipping active so that the global gradient norm matters.
+    "erpo": dict(
+        algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, warmup_steps=2,
+        gradient_clip_norm=0.5,
+    ),
+    # Batch-global baseline and weights, sequence-k3, Policy-KL against a (sharded) reference model, activation
+    # checkpointing, two PPO epochs.
+    "reinforce": dict(
+        algorithm="erpo", advantage_estimator="reinforce", loss_aggregation="seq_mean_token_mean",
+        query_kl_estimator="sequence_k3", policy_kl_coef=0.05, num_iterations=2, micro_batch_tokens=20,
+        gradient_checkpointing=True,
+    ),
+}  # fmt: skip
+
+
+def global_batches(model: torch.nn.Module) -> list[dict]:
+    """NUM_BATCHES rollout batches of 4 groups × GROUP_SIZE rows: prompts left-padded, responses right-padded."""
+    generator = torch.Generator().manual_seed(0)
+    prompt_width = max(PROMPT_LENGTHS)
+    response_width = max(max(lengths) for lengths in RESPONSE_LENGTHS)
+    batches = []
+    for step in range(NUM_BATCHES):
+        rows, masks = [], []
+        for prompt_length, responses in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS):
+            prompt = torch.randint(10, 250, (prompt_length,), generator=generator).tolist()
+            for length in responses:
+                response = torch.randint(10, 250, (length,), generator=generator).tolist()
+                left, right = prompt_width - prompt_length, response_width - length
+                rows.append([PAD] * left + prompt + response + [PAD] * right)
+                masks.append([0] * left + [1] * (prompt_length + length) + [0] * right)
+        input_ids, attention_mask = torch.tensor(rows), torch.tensor(masks)
+        response_mask = attention_mask[:, prompt_width:]
+        with torch.no_grad():  # sampled by the initial policy: later steps are off-policy
+            sampling = sequence_logprobs(model, input_ids, attention_mask, TEMPERATURE)[:, prompt_width:] * response_mask
+        num_rows = len(rows)
+        batches.append({
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "prompt_length": prompt_width,
+            "response_mask": response_mask,
+            "sampling_logprobs": sampling,
+            "rewards": torch.randint(0, 2, (num_rows,), generator=generator).float(),
+            "group_index": torch.arange(num_rows) // GROUP_SIZE,
+            "query_index": torch.arange(num_rows) // GROUP_SIZE + 4 * step,
+            "query_weight": torch.rand(num_rows // GROUP_SIZE, generator=generator).repeat_interleave(GROUP_SIZE) + 0.5,
+            "truncated": torch.zeros(num_rows, dtype=torch.bool),
+            "group_size": GROUP_SIZE,
+        })  # fmt: skip
+    return batches
+
+
+def reference_cache(model: torch.nn.Module, batches: list[dict]) -> ReferenceScoreCache:
+    """Reference query scores of every batch's queries, shifted so that Query-KL is not zero at the first step."""
+    rows = []
+    with torch.no_grad():
+        for batch in batches:
+            for row in range(0, len(batch["input_ids"]), GROUP_SIZE):
+                width = batch["prompt_length"]
+                prompt = batch["input_ids"][row, :width][batch["attention_mask"][row, :width].bool()].unsqueeze(0)
+                rows.append(gather_token_logprobs(model(prompt).logits, prompt)[0] + 0.05 * (row + 1))
+    return ReferenceScoreCache.from_rows(rows)
+
+
+def rank_shard(batch: dict) -> dict:
+    """This rank's rows: whole groups r, r + W, ... (DistributedSampler's interleaving, applied to groups)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    groups = torch.arange(rank, len(batch["input_ids"]) // GROUP_SIZE, world)
+    rows = (groups.unsqueeze(1) * GROUP_SIZE + torch.arange(GROUP_SIZE)).reshape(-1)
+    return {key: value[rows] if torch.is_tensor(value) else value for key, value in batch.items()}
+
+
+class EpochSampler(Sampler):
+    """Yields the epoch number: epoch e trains on batch e, also after resuming from an end-of-epoch checkpoint."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        yield self.epoch
+
+    def __len__(self) -> int:
+        return 1
+
+
+class Shards(Dataset):
+    def __init__(self, batches: list[dict]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict:
+        return rank_shard(self.batches[index])
+
+
+class RecordMetrics(Callback):
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+        self.records.append({"epoch": trainer.current_epoch, **metrics})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--strategy", choices=["single", "ddp", "fsdp"], required=True)
+    parser.add_argument("--config", choices=sorted(CONFIGS), required=True)
+    parser.add_argument("--save-checkpoints", action="store_true")
+    parser.add_argument("--resume")
+    args = parser.parse_args()
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+
+    initial = load_tiny_model(args.model_dir)
+    batches = global_batches(initial)
+    devices = 1 if args.strategy == "single" else 2
+    config = dict(CONFIGS[args.config])
+    if "update_batch_size" in config:  # queries per optimizer step, per rank
+        config["update_batch_size"] //= devices
+    module = ERPOModule(args.model_dir, temperature=TEMPERATURE, learning_rate=1e-3, **config)
+    module.reference_cache = reference_cache(initial, batches)
+    if args.config == "reinforce":  # the released code's batch-normalised reference weights, unclipped
+        module.batch_weights_from_reference, module.weight_norm, module.weight_clip = True, "batch", None
+
+    strategy = {
+        "single": "auto",
+        "ddp": DDPStrategy(),
+        "fsdp": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+    }[args.strategy]
+    recorder = RecordMetrics()
+    callbacks: list[Callback] = [recorder]
+    if args.save_checkpoints:
+        callbacks.append(ModelCheckpoint(out_dir / "checkpoints", "{epoch}", save_top_k=-1, save_on_train_epoch_end=True))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=devices, strategy=strategy, max_epochs=NUM_BATCHES,
+        logger=False, enable_checkpointing=args.save_checkpoints, enable_progress_bar=False,
+        enable_model_summary=False, use_distributed_sampler=False, callbacks=callbacks,
+    )  # fmt: skip
+    loader = DataLoader(Shards(batches), batch_size=None, sampler=EpochSampler())
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=args.resume)
+
+    weights = get_model_state_dict(module.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.is_global_zero:
+        run = {
+            "records": recorder.records,
+            "sharded": any(isinstance(p, DTensor) for p in module.policy.parameters()),
+            "activation_checkpointing": module.policy.is_gradient_checkpointing,
+        }
+        (out_dir / "run.json").write_text(json.dumps(run, indent=1))
+        torch.save(weights, out_dir / "weights.pt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Scale-out: the same global rollout batches trained on 2 CPU processes (DDP, FSDP2) equal 1 process.
+
+Each run is `tests/scaleout_run.py` in a subprocess (Lightning launches the second rank itself, gloo). Compared per
+batch: every logged `train/` metric (loss, PG loss, Query-KL, Policy-KL, clip fractions, weights, ...), and the final
+weights. The runs use several optimizer steps and uneven micro-batch counts per rank, active gradient clipping, and
+(second config) the batch-global REINFORCE baseline, batch-normalised weights, a sharded reference model and
+activation checkpointing. Resuming from an FSDP2 distributed checkpoint and exporting it to Hugging Face are checked
+against the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from erpo_lightning.modules.sharding import export_hf_checkpoint
+from erpo_lightning.tiny import save_tiny_model
+
+SCRIPT = Path(__file__).with_name("scaleout_run.py")
+METRIC_TOLERANCE = dict(abs=2e-6, rel=2e-6)
+RUN_TIMEOUT_S = 120
+WEIGHT_TOLERANCE = 2e-5  # after 6 AdamW steps at lr 1e-3; weights move by ~5e-3
+
+
+def train(model_dir: Path, out_dir: Path, strategy: str, config: str, *extra: str) -> dict:
+    """Run the script; returns {"records", "sharded", "activation_checkpointing", "weights"} of rank 0."""
+    command = [sys.executable, str(SCRIPT), str(model_dir), str(out_dir), "--strategy", strategy, "--config", config]
+    # A new session: if ranks deadlock, the launcher and the rank it started are killed together.
+    process = subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"{strategy} run did not finish in {RUN_TIMEOUT_S} s (ranks out of step?)")
+    assert process.returncode == 0, stderr[-4000:]
+    run = json.loads((out_dir / "run.json").read_text())
+    run["weights"] = torch.load(out_dir / "weights.pt")
+    return run
+
+
+def assert_same_run(expected: dict, actual: dict, weight_tolerance: float = WEIGHT_TOLERANCE) -> None:
+    by_epoch = {record["epoch"]: record for record in expected["records"]}
+    assert actual["records"], "no batch was trained"
+    for record in actual["records"]:
+        reference = by_epoch[record["epoch"]]
+        assert record.keys() == reference.keys()
+        for name, value in record.items():
+            assert value == pytest.approx(reference[name], **METRIC_TOLERANCE), f"{name} at epoch {record['epoch']}"
+    for name, tensor in expected["weights"].items():
+        torch.testing.assert_close(actual["weights"][name], tensor, atol=weight_tolerance, rtol=0, msg=name)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("scaleout") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def erpo_runs(model_dir, tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("erpo_runs")
+    runs = {
+        "single": train(model_dir, root / "single", "single", "erpo"),
+        "ddp": train(model_dir, root / "ddp", "ddp", "erpo"),
+        "fsdp": train(model_dir, root / "fsdp", "fsdp", "erpo", "--save-checkpoints"),
+    }
+    checkpoint = root / "fsdp" / "checkpoints" / "epoch=0.ckpt"
+    runs["resumed"] = train(model_dir, root / "resumed", "fsdp", "erpo", "--resume", str(checkpoint))
+    runs["checkpoints"] = root / "fsdp" / "checkpoints"
+    return runs
+
+
+def test_training_moved_the_policy_and_query_kl(erpo_runs, model_dir):
+    """Guards the comparisons below against a trivial pass (nothing trained, Query-KL zero)."""
+    single = erpo_runs["single"]
+    initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert max((single["weights"][k] - initial[k]).abs().max().item() for k in initial) > 1e-3
+    assert all(record["train/query_kl"] > 1e-3 for record in single["records"])
+    assert [record["train/policy_version"] for record in single["records"]] == [2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_equal_one(erpo_runs, strategy):
+    assert erpo_runs[strategy]["sharded"] == (strategy == "fsdp")
+    assert_same_run(erpo_runs["single"], erpo_runs[strategy])
+
+
+def test_resume_from_fsdp2_checkpoint_continues_identically(erpo_runs):
+    resumed = erpo_runs["resumed"]
+    assert [record["epoch"] for record in resumed["records"]] == [1, 2]
+    files = {p.name for p in (erpo_runs["checkpoints"] / "epoch=0.ckpt").iterdir()}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= files  # one shard per rank
+    assert_same_run(erpo_runs["fsdp"], resumed, weight_tolerance=0.0)
+
+
+def test_export_hugging_face_directory_from_shards(erpo_runs, model_dir, tmp_path):
+    exported = export_hf_checkpoint(erpo_runs["checkpoints"] / "epoch=2.ckpt", str(model_dir), tmp_path / "hf")
+    state = AutoModelForCausalLM.from_pretrained(exported).state_dict()
+    assert state.keys() == erpo_runs["fsdp"]["weights"].keys()
+    for name, tensor in erpo_runs["fsdp"]["weights"].items():
+        assert torch.equal(state[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def reinforce_single(model_dir, tmp_path_factory) -> dict:
+    return train(model_dir, tmp_path_factory.mktemp("reinforce_single"), "single", "reinforce")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_global_baseline_weights_and_reference_model_equal_one_process(
+    model_dir, tmp_path_factory, reinforce_single, strategy
+):
+    single = reinforce_single
+    distributed = train(model_dir, tmp_path_factory.mktemp("reinforce"), strategy, "reinforce")
+    assert distributed["activation_checkpointing"] and distributed["sharded"] == (strategy == "fsdp")
+    assert all(record["train/policy_kl"] > 0 for record in single["records"])
+    assert_same_run(single, distributed)
