@@ -10,6 +10,7 @@ against the uninterrupted run.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.modules.sharding import export_hf_checkpoint
@@ -30,19 +32,24 @@ RUN_TIMEOUT_S = 120
 WEIGHT_TOLERANCE = 2e-5  # after 6 AdamW steps at lr 1e-3; weights move by ~5e-3
 
 
-def train(model_dir: Path, out_dir: Path, strategy: str, config: str, *extra: str) -> dict:
-    """Run the script; returns {"records", "sharded", "activation_checkpointing", "weights"} of rank 0."""
-    command = [sys.executable, str(SCRIPT), str(model_dir), str(out_dir), "--strategy", strategy, "--config", config]
+def run_command(command: list[str], **popen_kwargs) -> None:
+    """Run to completion and assert success; a run past RUN_TIMEOUT_S fails the test."""
     # A new session: if ranks deadlock, the launcher and the rank it started are killed together.
-    process = subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, **popen_kwargs)  # fmt: skip
     try:
         _, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        pytest.fail(f"{strategy} run did not finish in {RUN_TIMEOUT_S} s (ranks out of step?)")
+        pytest.fail(f"{command[:3]} did not finish in {RUN_TIMEOUT_S} s (ranks out of step?)")
     assert process.returncode == 0, stderr[-4000:]
+
+
+def train(model_dir: Path, out_dir: Path, strategy: str, config: str, *extra: str) -> dict:
+    """Run the script; returns {"records", "sharded", "activation_checkpointing", "weights"} of rank 0."""
+    command = [sys.executable, str(SCRIPT), str(model_dir), str(out_dir), "--strategy", strategy, "--config", config]
+    run_command([*command, *extra])
     run = json.loads((out_dir / "run.json").read_text())
     run["weights"] = torch.load(out_dir / "weights.pt")
     return run
@@ -124,3 +131,39 @@ def test_global_baseline_weights_and_reference_model_equal_one_process(
     assert distributed["activation_checkpointing"] and distributed["sharded"] == (strategy == "fsdp")
     assert all(record["train/policy_kl"] > 0 for record in single["records"])
     assert_same_run(single, distributed)
+
+
+def test_erpo_fit_under_fsdp2_then_export(tmp_path, tiny_model_path, benchmarks_dir):
+    """`erpo fit` as a user runs it on 2 processes: FSDP2, HF generate with synced_gpus, a sharded checkpoint that
+    `python -m erpo_lightning.modules.sharding` exports to a directory transformers loads."""
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "max_steps": 2, "accelerator": "cpu", "devices": 2, "default_root_dir": str(tmp_path / "run"),
+            "strategy": {
+                "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+                "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+            },
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "run")}},
+            "log_every_n_steps": 1,
+        },
+        "model": {"model_path": str(tiny_model_path), "learning_rate": 1e-4, "gradient_checkpointing": True},
+        "data": {"train": [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}], "batch_size": 2},
+        "rollout": {
+            "engine": {"class_path": "erpo_lightning.rollout.HFEngine", "init_args": {"synced_gpus": True}},
+            "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
+            "group_size": 2, "max_new_tokens": 8, "seed": 0,
+        },
+    }  # fmt: skip
+    config_path = tmp_path / "fsdp.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "ERPO_CACHE_HOME": str(tmp_path / "erpo-cache")}
+    erpo = str(Path(sys.executable).with_name("erpo"))
+    run_command([erpo, "fit", "--config", str(config_path)], env=env, cwd=tmp_path)
+    rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
+    assert len([r for r in rows if r.get("train/query_kl")]) == 2
+    checkpoint = next((tmp_path / "run").rglob("*.ckpt"))
+    assert checkpoint.is_dir() and (checkpoint / "__1_0.distcp").is_file()
+    command = [sys.executable, "-m", "erpo_lightning.modules.sharding", str(checkpoint), str(tiny_model_path)]
+    run_command([*command, str(tmp_path / "hf")])
+    AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
