@@ -87,9 +87,10 @@ class TemperatureSweepCallback(pl.Callback):
             values = self.evaluate(trainer, pl_module)
             for logger in trainer.loggers:
                 logger.log_metrics({name: float(value) for name, value in values.items()}, step=trainer.global_step)
+        log_dir = trainer.log_dir  # a collective under several ranks: every rank asks
         if trainer.is_global_zero:
             query_kl = trainer.callback_metrics.get("train/query_kl")
-            print_sweep_summary(self.history, None if query_kl is None else float(query_kl), trainer.log_dir)
+            print_sweep_summary(self.history, None if query_kl is None else float(query_kl), log_dir)
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
         """One sweep of the current policy on every rank's share of the problems; the global metrics."""

@@ -12,9 +12,10 @@ class QueryBatchSampler(Sampler[list[int]]):
     """Yields this rank's share of each global batch of query indices.
 
     Epoch e visits the queries in the order of one permutation drawn from `seed + e` (or in file order without
-    shuffling). Each global batch holds `batch_size * world_size` queries; rank r takes the r-th slice, so a run on
-    W ranks sees exactly the global batches of a run on one rank with a W-times larger batch. The position
-    (`epoch`, `batches_done`) is saved in checkpoints: a resumed run continues with the next unseen batch.
+    shuffling). Each global batch holds `batch_size * world_size` queries and rank r takes every W-th of them,
+    starting at r, so a run on W ranks sees exactly the global batches of a run on one rank with a W-times larger
+    batch. The position (`epoch`, `batches_done`) is saved in checkpoints: a resumed run continues with the next
+    unseen batch.
 
     Args:
         num_queries: size of the dataset.
@@ -62,7 +63,9 @@ class QueryBatchSampler(Sampler[list[int]]):
         start_batch, self.batches_done = self.batches_done, 0  # a resumed position is used once
         for batch in range(start_batch, len(self)):
             global_slice = order[batch * self.global_batch : (batch + 1) * self.global_batch]
-            share = global_slice[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+            # Strided, not contiguous: the first k queries of each rank's batch are then the first k × W of the
+            # global batch, so mini-batches of `update_batch_size` group the same queries as on one process.
+            share = global_slice[self.rank :: self.world_size]
             yield share.tolist()
 
     def set_epoch(self, epoch: int) -> None:

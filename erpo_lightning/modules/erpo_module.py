@@ -9,19 +9,18 @@ steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from torchmetrics import MaxMetric, MinMetric
-from torchmetrics.utilities.distributed import gather_all_tensors
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
-from erpo_lightning.modules.microbatch import micro_batches, minibatch_rows, select_rows
+from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
+from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token_logprobs, sequence_logprobs
 
@@ -219,7 +218,7 @@ class ERPOModule(L.LightningModule):
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
         old = torch.zeros_like(batch["sampling_logprobs"])
         first_row = 0  # micro-batches are consecutive rows
-        for micro, real in self._rank_aligned_micro_batches(batch):
+        for micro, real in self._micro_batches(batch):
             token_logprobs, _ = self._token_logprobs(self.policy, micro)
             if not real:
                 continue
@@ -252,36 +251,12 @@ class ERPOModule(L.LightningModule):
         return weights.repeat_interleave(batch["group_size"])
 
     # --------------------------------------------------------------------------------------------- the RL update
-    def _all_reduce(self, value: torch.Tensor | float, reduce_op: str) -> torch.Tensor:
-        """`value` (any shape) reduced over all ranks with `reduce_op` ("sum", "max"), as float32."""
-        value = torch.as_tensor(value, dtype=torch.float32, device=self.device).clone()  # reduced in place
-        if self._trainer is None or self.trainer.world_size == 1:
-            return value
-        return self.trainer.strategy.reduce(value, reduce_op=reduce_op)
-
     def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
-        return self._all_reduce(value, "sum")
+        return all_reduce(self._trainer, value, "sum", self.device)
 
-    def _rank_aligned_micro_batches(self, batch: dict) -> Iterator[tuple[dict, bool]]:
-        """(micro-batch, real) pairs: `batch`'s micro-batches, then one-row fillers (real=False) until every rank
-        has yielded as many. Under DDP and FSDP every forward/backward runs collectives, so the counts must agree.
-        """
-        micros = list(micro_batches(batch, self.hparams.micro_batch_tokens))
-        count = int(self._all_reduce(len(micros), "max"))
-        yield from ((micro, True) for micro in micros)
-        filler = select_rows(micros[0], torch.arange(1))
-        yield from ((filler, False) for _ in range(count - len(micros)))
-
-    def _advantages(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-        """Advantages of this rank's rows, [N]. Groups never span ranks, so group baselines are local; the
-        `reinforce` batch-mean baseline is the mean over every rank's rows.
-        """
-        estimator = self.algorithm.advantage_estimator
-        if estimator != "reinforce" or self._trainer is None or self.trainer.world_size == 1:
-            return obj.group_advantages(rewards, group_size, estimator)
-        gathered = gather_all_tensors(rewards.float())  # ranks may hold different numbers of rows
-        offset = sum(len(part) for part in gathered[: self.global_rank])
-        return obj.group_advantages(torch.cat(gathered), group_size, estimator)[offset : offset + len(rewards)]
+    def _micro_batches(self, batch: dict):
+        """(micro-batch, real) pairs within the token budget, as many on every rank (see `distributed`)."""
+        return rank_aligned_micro_batches(self._trainer, batch, self.hparams.micro_batch_tokens, self.device)
 
     def _micro_loss(self, micro: dict, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch, already divided by the global counts of its optimizer step."""
@@ -348,7 +323,7 @@ class ERPOModule(L.LightningModule):
         scale = self.trainer.world_size if self._trainer is not None else 1
         step_sums = torch.zeros(2, device=self.device)  # (loss, pg_loss): micro-batches hold shares of the step's
         recorded = []
-        for micro, real in self._rank_aligned_micro_batches(batch):
+        for micro, real in self._micro_batches(batch):
             loss, parts = self._micro_loss(micro, normalizers)
             # Even a non-finite loss goes through backward: every rank must run the same collectives.
             self.manual_backward(loss * (scale if real else 0.0))
@@ -407,7 +382,9 @@ class ERPOModule(L.LightningModule):
         group_size = batch["group_size"]
         num_rows = batch["input_ids"].shape[0]
         batch = dict(batch)
-        batch["advantages"] = self._advantages(batch["rewards"], group_size)
+        batch["advantages"] = global_advantages(
+            self._trainer, batch["rewards"], group_size, self.algorithm.advantage_estimator
+        )
         batch["is_group_leader"] = torch.arange(num_rows, device=batch["rewards"].device) % group_size == 0
         updates = minibatch_rows(num_rows, group_size, self.hparams.update_batch_size)
         if self.hparams.num_iterations > 1 or len(updates) > 1:

@@ -1,0 +1,53 @@
+"""What makes a run on W ranks compute what one process computes on the same global batch.
+
+Each function takes the Lightning `trainer` (None or one rank: no communication).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import lightning as L
+import torch
+from torchmetrics.utilities.distributed import gather_all_tensors
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.modules.microbatch import micro_batches, select_rows
+
+
+def _single_process(trainer: L.Trainer | None) -> bool:
+    return trainer is None or trainer.world_size == 1
+
+
+def all_reduce(trainer: L.Trainer | None, value: torch.Tensor | float, reduce_op: str, device: torch.device) -> torch.Tensor:
+    """`value` (any shape) reduced over all ranks with `reduce_op` ("sum", "max"), as float32 on `device`."""
+    value = torch.as_tensor(value, dtype=torch.float32, device=device).clone()  # reduced in place
+    if _single_process(trainer):
+        return value
+    return trainer.strategy.reduce(value, reduce_op=reduce_op)
+
+
+def rank_aligned_micro_batches(
+    trainer: L.Trainer | None, batch: dict, max_tokens: int, device: torch.device
+) -> Iterator[tuple[dict, bool]]:
+    """(micro-batch, real) pairs: `batch`'s micro-batches, then one-row fillers (real=False) until every rank
+    has yielded as many. Under DDP and FSDP every forward/backward runs collectives, so the counts must agree.
+    """
+    micros = list(micro_batches(batch, max_tokens))
+    count = int(all_reduce(trainer, len(micros), "max", device))
+    yield from ((micro, True) for micro in micros)
+    filler = select_rows(micros[0], torch.arange(1))
+    yield from ((filler, False) for _ in range(count - len(micros)))
+
+
+def global_advantages(
+    trainer: L.Trainer | None, rewards: torch.Tensor, group_size: int, estimator: obj.Estimator
+) -> torch.Tensor:
+    """Advantages of this rank's rows, [N]. Groups never span ranks, so group baselines are local; the
+    `reinforce` batch-mean baseline is the mean over every rank's rows.
+    """
+    if estimator != "reinforce" or _single_process(trainer):
+        return obj.group_advantages(rewards, group_size, estimator)
+    gathered = gather_all_tensors(rewards.float())  # ranks may hold different numbers of rows
+    offset = sum(len(part) for part in gathered[: trainer.global_rank])
+    return obj.group_advantages(torch.cat(gathered), group_size, estimator)[offset : offset + len(rewards)]
