@@ -1,0 +1,44 @@
+"""Every shipped config parses with the real CLI, and the paper overlays select what they claim."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+OVERLAYS = {"grpo.yaml": "grpo", "grpo_kl.yaml": "grpo_kl", "dapo.yaml": "dapo", "rloo.yaml": "rloo"}
+
+# Parses (without instantiating anything: no model is loaded) each config as `erpo fit --print_config` does.
+SCRIPT = """
+import contextlib, io, json, sys
+from erpo_lightning.cli import main
+results = {}
+for configs in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    args = ["fit", "--print_config"] + [a for c in configs for a in ("--config", c)]
+    with contextlib.redirect_stdout(out):
+        try:
+            main(args)
+        except SystemExit as stop:
+            assert not stop.code, (configs, stop.code)
+    results["+".join(configs)] = out.getvalue()
+print(json.dumps(results))
+"""
+
+
+def test_configs_parse_and_overlays_apply():
+    base = str(CONFIGS / "fsdp_qwen2.5_math_7b.yaml")
+    runs = [[str(CONFIGS / "quickstart.yaml")], [base]] + [[base, str(CONFIGS / "paper" / name)] for name in OVERLAYS]
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(runs)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = {key: yaml.safe_load(text) for key, text in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    assert printed[str(CONFIGS / "quickstart.yaml")]["model"]["algorithm"] == "erpo"
+    assert printed[base]["model"]["algorithm"] == "erpo"
+    for name, algorithm in OVERLAYS.items():
+        config = printed[f"{base}+{CONFIGS / 'paper' / name}"]
+        assert config["model"]["algorithm"] == algorithm
+        assert config["data"]["batch_size"] == 64 and config["rollout"]["group_size"] == 8  # the base is kept
+    dapo = printed[f"{base}+{CONFIGS / 'paper' / 'dapo.yaml'}"]["rollout"]
+    assert dapo["dynamic_sampling"] is True and dapo["overlong_buffer"] == 512
