@@ -1,6 +1,7 @@
 """Resuming from a mid-run checkpoint gives the same steps, metrics and weights as an uninterrupted run."""
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -73,3 +74,14 @@ def test_sampler_shares_global_batches_across_ranks_and_resumes():
     sampler.load_state_dict({"epoch": 0, "batches_done": 5})
     sampler.set_epoch(1)  # an end-of-epoch checkpoint: the next epoch starts from its beginning
     assert len(list(sampler)) == 5
+
+
+def test_resume_refuses_a_checkpoint_trained_with_other_reference_scores(tiny_model_path, benchmarks_dir, tmp_path):
+    data_file = benchmarks_dir / "gsm8k.jsonl"
+    run(tiny_model_path, data_file, tmp_path / "a", max_steps=1)
+    checkpoint = torch.load(tmp_path / "a" / "ckpt" / "step=1.ckpt", weights_only=False)
+    assert checkpoint["QueryDataModule"]["cache_digest"]
+    checkpoint["QueryDataModule"]["cache_digest"] = "0" * 16  # as if trained on other data or weights
+    torch.save(checkpoint, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="trained with reference scores 0000000000000000"):
+        run(tiny_model_path, data_file, tmp_path / "a", max_steps=2, ckpt_path=tmp_path / "other.ckpt")

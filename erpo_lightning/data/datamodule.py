@@ -130,6 +130,7 @@ class QueryDataModule(LightningDataModule):
         self.cache: ReferenceScoreCache | None = None
         self.query_weight: torch.Tensor | None = None
         self.batch_sampler: QueryBatchSampler | None = None
+        self.cache_digest: str | None = None  # fingerprint of the reference scores in use, saved in checkpoints
         self._resume_position: dict | None = None  # from a checkpoint, used by the next train_dataloader()
 
     # -- data ------------------------------------------------------------------------------------------------------
@@ -203,9 +204,16 @@ class QueryDataModule(LightningDataModule):
             return {}
         # Checkpoints are written in on_train_batch_end: the current batch counts as processed, not yet completed.
         done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {"sampler": self.batch_sampler.state_dict(done)}
+        return {"sampler": self.batch_sampler.state_dict(done), "cache_digest": self.cache_digest}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the data position; refuse a checkpoint trained against other reference scores."""
+        saved, current = state_dict.get("cache_digest"), self.cache_digest
+        if saved is not None and current is not None and saved != current:
+            raise ValueError(
+                f"this checkpoint was trained with reference scores {saved}, but this run's model/data/template give "
+                f"{current}: resume with the configuration the run started with (its config.yaml in the log directory)"
+            )
         self._resume_position = state_dict.get("sampler")
         # Lightning warns that a plain DataLoader cannot resume mid-epoch; this one can (the sampler skips ahead).
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
@@ -238,6 +246,7 @@ class QueryDataModule(LightningDataModule):
         force = self.cache_force if force is None else force
         manifest = self.cache_manifest()
         digest = fingerprint_digest(manifest)
+        self.cache_digest = digest
         directory = Path(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_ROOT / digest
         rank, world_size, gather = distributed_context(strategy)
         found = read_manifest(directory)
