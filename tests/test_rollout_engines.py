@@ -147,9 +147,8 @@ def test_weight_sync_moves_engine_to_new_weights(engine, policy, prompts):
     assert engine.generate(prompts, settings) == before
 
 
+@pytest.mark.parametrize("engine", ["vllm"], indirect=True)  # HFEngine samples from the policy itself
 def test_vllm_sync_from_fsdp2_sharded_policy(engine, policy, prompts, tiny_model_path, tmp_path):
-    if not isinstance(engine, VLLMEngine):
-        pytest.skip("vLLM only: HFEngine samples from the policy itself")
     # In-process vLLM has already set up a one-process default group; start one only if it has not.
     owns_group = not dist.is_initialized()
     if owns_group:
@@ -174,9 +173,8 @@ def test_vllm_sync_from_fsdp2_sharded_policy(engine, policy, prompts, tiny_model
             dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("engine", ["vllm"], indirect=True)  # HF generate has no fixed context length
 def test_vllm_rejects_prompt_plus_response_beyond_max_model_len(engine, prompts):
-    if not isinstance(engine, VLLMEngine):
-        pytest.skip("vLLM only: HF generate has no fixed context length")
     with pytest.raises(ValueError, match="max_model_len"):
         engine.generate(prompts, SamplingSettings(n=1, max_new_tokens=MAX_MODEL_LEN))
 
