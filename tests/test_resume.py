@@ -8,10 +8,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from erpo_lightning.callbacks.rollout import RolloutCallback
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.rewards import MathReward
 from erpo_lightning.rollout import HFEngine
+from erpo_lightning.tiny import load_tiny_model
 
 LOGGED = ("train/loss", "train/query_kl", "train/pg_loss", "rollout/reward_mean", "rollout/response_length_mean")
+
+
+def character_parity_reward(responses: list[str], golds: list[str]) -> list[float]:
+    """A reward the untrained tiny model earns half the time (so advantages, and updates, are not zero)."""
+    return [float(sum(map(ord, text)) % 2 == 0) for text in responses]
 
 
 class RecordQueriesAndMetrics(L.Callback):
@@ -20,10 +25,10 @@ class RecordQueriesAndMetrics(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         metrics = {name: float(trainer.callback_metrics[name]) for name in LOGGED}
-        self.steps.append((trainer.global_step, batch["query_id"], metrics))
+        self.steps.append((trainer.global_step, batch["query_id"], batch["input_ids"].tolist(), metrics))
 
 
-def run(model_path, data_file, root, max_steps, ckpt_path=None):
+def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0):
     L.seed_everything(0)
     module = ERPOModule(str(model_path), learning_rate=1e-3, temperature=1.0)
     data = QueryDataModule(
@@ -32,7 +37,7 @@ def run(model_path, data_file, root, max_steps, ckpt_path=None):
     )  # fmt: skip
     recorder = RecordQueriesAndMetrics()
     callbacks = [
-        RolloutCallback(HFEngine(), MathReward(num_workers=0), group_size=2, max_new_tokens=6, seed=0),
+        RolloutCallback(HFEngine(), character_parity_reward, group_size=4, max_new_tokens=6, seed=rollout_seed),
         ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1, filename="{step}"),
         recorder,
     ]
@@ -44,18 +49,23 @@ def run(model_path, data_file, root, max_steps, ckpt_path=None):
     return recorder.steps, {k: v.clone() for k, v in module.policy.state_dict().items()}
 
 
-def test_resume_mid_epoch_continues_identically(tiny_model_path, benchmarks_dir, tmp_path):
+@pytest.mark.parametrize("rollout_seed", [0, None], ids=["seeded", "unseeded"])  # unseeded: the saved RNG state
+def test_resume_mid_epoch_continues_identically(tiny_model_path, benchmarks_dir, tmp_path, rollout_seed):
     data_file = benchmarks_dir / "gsm8k.jsonl"
-    full_steps, full_weights = run(tiny_model_path, data_file, tmp_path / "full", max_steps=4)
-    run(tiny_model_path, data_file, tmp_path / "part", max_steps=2)
+    full_steps, full_weights = run(tiny_model_path, data_file, tmp_path / "full", 4, rollout_seed=rollout_seed)
+    run(tiny_model_path, data_file, tmp_path / "part", max_steps=2, rollout_seed=rollout_seed)
     resumed_steps, resumed_weights = run(
-        tiny_model_path, data_file, tmp_path / "part", max_steps=4, ckpt_path=tmp_path / "part" / "ckpt" / "step=2.ckpt"
+        tiny_model_path, data_file, tmp_path / "part", max_steps=4, ckpt_path=tmp_path / "part" / "ckpt" / "step=2.ckpt",
+        rollout_seed=rollout_seed,
     )
     assert [s[0] for s in resumed_steps] == [3, 4]
-    for (step, queries, metrics), (r_step, r_queries, r_metrics) in zip(full_steps[2:], resumed_steps):
+    for (step, queries, rows, metrics), (r_step, r_queries, r_rows, r_metrics) in zip(full_steps[2:], resumed_steps):
         assert (step, queries) == (r_step, r_queries)  # the same data position
+        assert rows == r_rows  # the same sampled responses (seed counter, or the restored RNG state)
         for name in LOGGED:
             assert abs(metrics[name] - r_metrics[name]) < 1e-6, (step, name, metrics[name], r_metrics[name])
+    initial = load_tiny_model(tiny_model_path).state_dict()
+    assert any(not torch.allclose(full_weights[k], initial[k]) for k in initial)  # training did move the policy
     for key in full_weights:
         torch.testing.assert_close(resumed_weights[key], full_weights[key], atol=1e-6, rtol=0)
 

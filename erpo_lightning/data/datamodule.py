@@ -196,7 +196,12 @@ class QueryDataModule(LightningDataModule):
             sampler.load_state_dict(self._resume_position)
             self._resume_position = None
         self.batch_sampler = sampler
-        return DataLoader(range(num_queries), batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate)
+        # Its own generator: creating an iterator (each epoch, and after a resume) then draws nothing from the global
+        # RNG, whose state checkpoints carry for unseeded rollouts.
+        return DataLoader(
+            range(num_queries), batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate,
+            generator=torch.Generator().manual_seed(self.seed),
+        )  # fmt: skip
 
     def state_dict(self) -> dict:
         """The data position, saved in Lightning checkpoints: epoch and batches of it already trained on."""

@@ -9,9 +9,11 @@ steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 
 from __future__ import annotations
 
+import random
 from typing import Any, Literal
 
 import lightning as L
+import numpy as np
 import torch
 from torchmetrics import MaxMetric, MinMetric
 from transformers import AutoModelForCausalLM
@@ -29,6 +31,25 @@ TRAIN_METRICS = (
     "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min", "query_weight_max",
     "logprob_abs_diff",
 )  # fmt: skip
+
+
+def rng_state() -> dict:
+    """torch, Python and NumPy generator states as plain data (what `weights_only` checkpoint loading accepts)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
 
 
 class NonFiniteLossError(RuntimeError):
@@ -180,6 +201,8 @@ class ERPOModule(L.LightningModule):
             "policy_version": self.policy_version,
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
+            # Unseeded rollouts and any other sampling draw from these: a resumed run continues their streams.
+            "rng": rng_state(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -187,6 +210,8 @@ class ERPOModule(L.LightningModule):
         self.policy_version = state.get("policy_version", 0)
         self.skipped_steps = state.get("skipped_steps", 0)
         self.consecutive_skips = state.get("consecutive_skips", 0)
+        if "rng" in state:
+            set_rng_state(state["rng"])
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
