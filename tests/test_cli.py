@@ -76,3 +76,6 @@ def test_cache_then_fit_end_to_end(smoke_config, tmp_path):
     query_kl = [float(r["train/query_kl"]) for r in rows if r.get("train/query_kl")]
     assert len(query_kl) == 2 and query_kl[0] < 1e-8  # at θ0 the queries have not drifted
     assert any(r.get("rollout/reward_mean") for r in rows)
+    # The command that cache-mismatch errors tell users to run.
+    rebuilt = run_erpo("cache", "--config", str(smoke_config), "--force", "true", cwd=tmp_path)
+    assert rebuilt.returncode == 0 and "wrote reference scores" in rebuilt.stdout + rebuilt.stderr, rebuilt.stderr[-2000:]

@@ -195,7 +195,7 @@ def test_a_mismatched_cache_is_refused_with_the_differing_field(
     assert f"in {tmp_path} does not belong to this run ({reason}" in message
     assert f"\n  {field}: cache has " in message
     assert message.count("cache has") == (2 if change != "weights" else 1)  # data/template also change the tokens
-    assert "erpo cache --config <your config> --force" in message
+    assert "erpo cache --config <your config> --force true" in message
     # Forcing rebuilds it for the new run.
     rebuilt = other.build_or_load_cache(force=True)
     assert len(rebuilt) == len(other.data.queries)

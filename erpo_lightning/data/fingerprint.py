@@ -164,6 +164,6 @@ def check_manifest(found: dict, expected: dict, where: Path) -> None:
     raise CacheMismatchError(
         f"the reference score cache in {where} does not belong to this run ({reasons}; it was computed from "
         f"{found.get('model_path')!r}):\n" + "\n".join(differences) + "\n"
-        f"Rebuild it with `erpo cache --config <your config> --force`, delete {where}, "
+        f"Rebuild it with `erpo cache --config <your config> --force true`, delete {where}, "
         "or set data.cache_dir to another directory (or to null: a directory named by the fingerprint)."
     )
