@@ -9,11 +9,9 @@ steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 
 from __future__ import annotations
 
-import random
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
 import torch
 from torchmetrics import MaxMetric, MinMetric
 from transformers import AutoModelForCausalLM
@@ -24,6 +22,7 @@ from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
+from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token_logprobs, sequence_logprobs
 
 TRAIN_METRICS = (
@@ -31,25 +30,6 @@ TRAIN_METRICS = (
     "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min", "query_weight_max",
     "logprob_abs_diff",
 )  # fmt: skip
-
-
-def rng_state() -> dict:
-    """torch, Python and NumPy generator states as plain data (what `weights_only` checkpoint loading accepts)."""
-    version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, position, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
 
 
 class NonFiniteLossError(RuntimeError):
