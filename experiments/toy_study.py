@@ -1,0 +1,165 @@
+"""Issue 9, the toy study: GRPO, its two ERPO ablations, ERPO and GRPO + Policy-KL on the quickstart's toy task.
+
+Every training run is the real command line, `erpo fit --config configs/quickstart.yaml` with one flag per method and
+seed, plus a generated callback config: Policy-KL is monitored for every method, and one temperature sweep on the
+held-out test problems (with the train-vs-eval gap on a fixed sample of training queries) runs after the last step.
+The very first run also sweeps before its first step: that is the base model's row. Then `toy_study_report` reads the
+runs' `metrics.csv` / `sweep_summary.json` and writes the report and its figures.
+
+    python experiments/toy_study.py            # the full study: 5 methods x 3 seeds (see FULL)
+    python experiments/toy_study.py --quick    # 5 methods x 1 seed, 10 steps, a small sweep (CI smoke test)
+
+The full study writes docs/toy_study.md (+ PNGs beside it), --quick writes runs/toy_study_quick/toy_study.md.
+
+Paths (`--workdir`, and `--out` / `--report` relative to it) default to the repository root, where the toy assets are
+built by `python -m erpo_lightning.toy --root .cache/toy-arith-v1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_study_report import RunRecord, write_report  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+ERPO = str(Path(sys.executable).with_name("erpo"))
+BASE_CONFIG = "configs/quickstart.yaml"
+TEST_FILE = ".cache/toy-arith-v1/test.jsonl"
+
+# One flag set per method (README, "What ERPO changes"): the quickstart config is ERPO at lr 1e-4.
+METHODS: dict[str, list[str]] = {
+    "grpo": ["--model.algorithm", "grpo"],
+    "grpo + w(q)": ["--model.algorithm", "grpo", "--model.use_query_weights", "true"],
+    "grpo + Query-KL": ["--model.algorithm", "grpo", "--model.query_kl_coef", "0.01"],
+    "erpo": ["--model.algorithm", "erpo"],
+    "grpo_kl": ["--model.algorithm", "grpo_kl"],
+}
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """What one study trains and measures."""
+
+    steps: int
+    seeds: tuple[int, ...]
+    temperatures: tuple[float, ...] = (0.1, 0.6, 1.0, 1.5)
+    eval_problems: int = 200  # held-out test problems in the final sweep
+    eval_k: int = 4  # samples per problem and temperature
+    train_sample_size: int = 64  # training queries for the train-vs-eval gap
+
+
+FULL = StudySettings(steps=200, seeds=(0, 1, 2))
+QUICK = StudySettings(steps=10, seeds=(0,), eval_problems=40, eval_k=2, train_sample_size=16)
+
+
+def run_slug(method: str) -> str:
+    """A directory name for a method label."""
+    return method.replace(" + ", "_").replace("(", "").replace(")", "").replace("-", "_").lower()
+
+
+def callback_config(settings: StudySettings, run_at_start: bool) -> dict:
+    """The `trainer.callbacks` override: a final (and optionally an initial) temperature sweep, no sweeps between."""
+    sweep = {
+        "temperatures": list(settings.temperatures),
+        "seed": 0,
+        "benchmarks": [{"source": {"path": TEST_FILE, "label": "toy_test", "limit": settings.eval_problems},
+                        "k": settings.eval_k}],
+    }  # fmt: skip
+    init_args = {
+        "every_n_steps": settings.steps + 1,
+        "run_at_start": run_at_start,
+        "run_at_end": True,
+        "train_sample_size": settings.train_sample_size,
+        "train_k": settings.eval_k,
+        "sweep": sweep,
+    }
+    return {"trainer": {"callbacks": [{"class_path": "erpo_lightning.callbacks.TemperatureSweepCallback",
+                                       "init_args": init_args}]}}  # fmt: skip
+
+
+def fit_command(method: str, seed: int, run_dir: Path, settings: StudySettings, extra: list[str]) -> list[str]:
+    """The `erpo fit` command line of one (method, seed) run; `run_dir` is relative to the work directory."""
+    seeds = ["--seed_everything", str(seed), "--rollout.seed", str(seed), "--data.seed", str(seed)]
+    return [
+        ERPO, "fit", "--config", BASE_CONFIG, "--config", str(run_dir / "callbacks.yaml"), *METHODS[method], *seeds,
+        "--model.monitor_policy_kl", "true", "--trainer.max_steps", str(settings.steps),
+        "--trainer.default_root_dir", str(run_dir), "--trainer.logger.init_args.save_dir", str(run_dir),
+        "--trainer.enable_checkpointing", "false", *extra,
+    ]  # fmt: skip
+
+
+def train_one(method: str, seed: int, workdir: Path, out: Path, settings: StudySettings, extra: list[str],
+              run_at_start: bool, threads: int) -> RunRecord:  # fmt: skip
+    """Train and sweep one run from scratch (its directory is cleared first); its log goes to `<run_dir>/fit.log`."""
+    run_dir = out / run_slug(method) / f"seed{seed}"
+    shutil.rmtree(workdir / run_dir, ignore_errors=True)
+    (workdir / run_dir).mkdir(parents=True)
+    (workdir / run_dir / "callbacks.yaml").write_text(yaml.safe_dump(callback_config(settings, run_at_start)))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    start = time.monotonic()
+    with open(workdir / run_dir / "fit.log", "w") as log:
+        result = subprocess.run(fit_command(method, seed, run_dir, settings, extra), cwd=workdir, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    seconds = time.monotonic() - start
+    if result.returncode != 0:
+        tail = (workdir / run_dir / "fit.log").read_text()[-3000:]
+        raise RuntimeError(f"{method} seed {seed} failed (exit {result.returncode}):\n{tail}")
+    print(f"{method:>16} seed {seed}: {seconds:6.1f} s", flush=True)
+    log_dir = max((workdir / run_dir).glob("erpo/version_*"), key=lambda p: int(p.name.split("_")[1]))
+    return RunRecord(method, seed, log_dir, seconds)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke-test settings (QUICK instead of FULL)")
+    parser.add_argument("--steps", type=int, help="RL steps per run (overrides the preset)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="seeds (overrides the preset)")
+    parser.add_argument("--eval-problems", type=int, help="held-out problems in the sweep (overrides the preset)")
+    parser.add_argument("--train-sample-size", type=int, help="training queries for the gap (overrides the preset)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (CPU threads are split between them)")
+    parser.add_argument("--fit-args", default="", help="extra `erpo fit` arguments for every run, one string")
+    parser.add_argument("--workdir", type=Path, default=REPO, help="directory holding configs/ and .cache/")
+    parser.add_argument("--out", type=Path, help="run directory under workdir (runs/toy_study[_quick])")
+    parser.add_argument("--report", type=Path, help="report under workdir (docs/toy_study.md; --quick: in --out)")
+    args = parser.parse_args(argv)
+    args.out = args.out or Path("runs/toy_study_quick" if args.quick else "runs/toy_study")
+    args.report = args.report or (args.out / "toy_study.md" if args.quick else Path("docs/toy_study.md"))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    overrides = {"steps": args.steps, "seeds": tuple(args.seeds) if args.seeds else None,
+                 "eval_problems": args.eval_problems, "train_sample_size": args.train_sample_size}  # fmt: skip
+    settings = replace(settings, **{key: value for key, value in overrides.items() if value is not None})
+    extra = shlex.split(args.fit_args)
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    jobs = [(method, seed) for seed in settings.seeds for method in METHODS]
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [
+            pool.submit(train_one, method, seed, args.workdir, args.out, settings, extra, i == 0, threads)
+            for i, (method, seed) in enumerate(jobs)
+        ]
+        records = [future.result() for future in futures]
+    minutes = (time.monotonic() - start) / 60
+    command = " ".join(["python", "experiments/toy_study.py", *(sys.argv[1:] if argv is None else argv)])
+    write_report(records, settings, args.workdir / args.report, command, minutes, args.jobs)
+    print(f"study done in {minutes:.1f} min: {args.workdir / args.report}")
+
+
+if __name__ == "__main__":
+    main()
