@@ -79,10 +79,14 @@ def sequence_logprobs(
         [N, L] float32; column t = log p(input_ids[:, t] | real tokens before t); column 0 and padding are junk
         and must be masked by the caller.
     """
-    logits = model(
+    return gather_token_logprobs(causal_lm_logits(model, input_ids, attention_mask), input_ids, temperature)
+
+
+def causal_lm_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[N, L, V] logits of a forward over padded rows, positions numbered from each row's first real token."""
+    return model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
     ).logits
-    return gather_token_logprobs(logits, input_ids, temperature)

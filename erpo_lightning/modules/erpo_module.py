@@ -23,7 +23,7 @@ from erpo_lightning.modules.distributed import all_reduce, global_advantages, ra
 from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.rng import rng_state, set_rng_state
-from erpo_lightning.scoring import position_ids_from_mask, prompt_response_token_logprobs, sequence_logprobs
+from erpo_lightning.scoring import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs
 
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
@@ -204,15 +204,9 @@ class ERPOModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --------------------------------------------------------------------------------------------- forward passes
-    def _forward_logits(self, model: torch.nn.Module, micro: dict) -> torch.Tensor:
-        mask = micro["attention_mask"]
-        return model(
-            input_ids=micro["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
-        ).logits
-
     def _token_logprobs(self, model: torch.nn.Module, micro: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward → ([N, P+R] log-probs, prompt at T=1 and response at the sampling temperature; logits)."""
-        logits = self._forward_logits(model, micro)
+        logits = causal_lm_logits(model, micro["input_ids"], micro["attention_mask"])
         token_logprobs = prompt_response_token_logprobs(
             logits, micro["input_ids"], micro["prompt_length"], self.hparams.temperature
         )
