@@ -82,6 +82,28 @@ def sequence_logprobs(
     return gather_token_logprobs(causal_lm_logits(model, input_ids, attention_mask), input_ids, temperature)
 
 
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = 4096) -> torch.Tensor:
+    """Entropy (nats) of `softmax(logits / temperature)` at every position, without gradients.
+
+    Works through `chunk_tokens` positions at a time, so at most [chunk_tokens, V] float32 values exist at once
+    rather than a float32 copy of the whole [N, L, V] tensor (7.5 GB for 12k tokens of a 152k vocabulary).
+
+    Args:
+        logits: [N, L, V] in any float dtype.
+    Returns:
+        [N, L] float32.
+    """
+    rows, length, vocab = logits.shape
+    entropy = torch.empty(rows, length, dtype=torch.float32, device=logits.device)
+    rows_per_chunk = max(1, chunk_tokens // max(1, length))
+    for start in range(0, rows, rows_per_chunk):
+        scaled = logits[start : start + rows_per_chunk].float() / temperature
+        log_probs = torch.log_softmax(scaled, dim=-1)
+        entropy[start : start + rows_per_chunk] = -(log_probs.exp() * log_probs).sum(-1)
+    return entropy
+
+
 def causal_lm_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """[N, L, V] logits of a forward over padded rows, positions numbered from each row's first real token."""
     return model(

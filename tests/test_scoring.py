@@ -4,7 +4,12 @@ import torch
 from transformers import AutoTokenizer
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.scoring import gather_token_logprobs, prompt_response_token_logprobs, sequence_logprobs
+from erpo_lightning.scoring import (
+    gather_token_logprobs,
+    prompt_response_token_logprobs,
+    sequence_logprobs,
+    token_entropy,
+)
 
 
 def _left_pad(rows, pad_id, width):
@@ -42,3 +47,14 @@ def test_prompt_response_temperature_applies_to_response_only(tiny_model):
     for j in range(ids.shape[1] - prompt_length):
         t = prompt_length + j
         torch.testing.assert_close(response_lp[:, j], tempered[torch.arange(2), t - 1, ids[:, t]])
+
+
+def test_token_entropy_matches_categorical_for_every_chunking():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 7, 33) * 3
+    expected = torch.distributions.Categorical(logits=logits / 0.7).entropy()
+    for chunk_tokens in (1, 7, 10, 35, 10_000):  # one row per chunk, exact rows, ragged last chunk, all at once
+        torch.testing.assert_close(token_entropy(logits, 0.7, chunk_tokens), expected, rtol=1e-5, atol=1e-5)
+    uniform = token_entropy(torch.zeros(2, 3, 33, dtype=torch.bfloat16))
+    torch.testing.assert_close(uniform, torch.full((2, 3), torch.log(torch.tensor(33.0)).item()))
+    assert token_entropy(torch.tensor([[[0.0, -1e4]]])).item() == 0.0  # a near-certain token: no NaN from 0·log 0

@@ -22,7 +22,8 @@ from erpo_lightning.toy import (
     make_problems,
     toy_template,
 )
-from erpo_lightning.toy.pretrain import IGNORE_INDEX, collate, encode_examples, left_pad, pretrain, sample_correct
+from erpo_lightning.rollout.engine import left_pad
+from erpo_lightning.toy.pretrain import IGNORE_INDEX, collate, encode_examples, pretrain, sample_correct
 from erpo_lightning.toy.task import NUM_PROBLEMS
 
 PROBLEM = re.compile(r"Compute (\d+) ([+-]) (\d+) ([+-]) (\d+)\.")

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from erpo_lightning.rollout.batch import assemble_batch, informative_groups, overlong_penalty
-from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings, derive_seed, eval_mode, pad_token_id
+from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings, eval_mode, pad_token_id, rollout_seed
 from erpo_lightning.scoring import sequence_logprobs
 
 Reward = Callable[[list[str], list[str]], list[float]]
@@ -42,7 +42,7 @@ class RolloutCallback(pl.Callback):
         reward: `(responses, golds) -> rewards`; an optional `counters()` dict is logged as `rollout/grader_<key>`.
         group_size: G, responses per query.
         temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids: sampling settings (see SamplingSettings).
-        seed: None = unseeded; else rollout call c uses `derive_seed(seed, c)`.
+        seed: None = unseeded; else rollout call c on rank r uses `rollout_seed(seed, c, r)` (one stream per rank).
         dynamic_sampling: DAPO: keep only groups whose (raw) rewards differ, generating more batches until B groups.
         max_refill_rounds: extra generation rounds allowed per step; past it zero-variance groups fill the batch.
         overlong_filter: mask out the loss of truncated responses (response_mask = 0 on them).
@@ -103,6 +103,7 @@ class RolloutCallback(pl.Callback):
         self.tokenizer_path = tokenizer
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self._calls = 0  # generation calls so far: the seed stream, saved in checkpoints
+        self._rank = 0
         self._steps = 0
         self._synced_version: int | None = None
         self._refill_iterator: Iterator[dict[str, Any]] | None = None
@@ -116,6 +117,7 @@ class RolloutCallback(pl.Callback):
             self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path or policy.name_or_path)
         self.engine.setup(policy, self.tokenizer)
         self._synced_version = None
+        self._rank = trainer.global_rank
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: dict[str, Any], batch_idx: int
@@ -200,7 +202,7 @@ class RolloutCallback(pl.Callback):
 
     def _generate_groups(self, batch: dict[str, Any]) -> list[_Group]:
         """Sample G responses for each query of `batch` and score them."""
-        seed = None if self.seed is None else derive_seed(self.seed, self._calls)
+        seed = None if self.seed is None else rollout_seed(self.seed, self._calls, self._rank)
         self._calls += 1
         prompts = [list(ids) for ids in batch["prompt_ids"]]
         group_size = self.settings.n

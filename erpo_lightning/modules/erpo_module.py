@@ -23,7 +23,7 @@ from erpo_lightning.modules.distributed import all_reduce, global_advantages, ra
 from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.rng import rng_state, set_rng_state
-from erpo_lightning.scoring import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs
+from erpo_lightning.scoring import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs, token_entropy
 
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
@@ -293,10 +293,8 @@ class ERPOModule(L.LightningModule):
             policy_kl = obj.aggregate(per_token_kl, response_mask, "token_mean", normalizer=normalizers["tokens"])
             loss = loss + algorithm.policy_kl_coef * policy_kl
             parts["policy_kl"] = per_token_kl.detach()
-        with torch.no_grad():
-            response_logits = logits[:, micro["prompt_length"] - 1 : -1].float() / self.hparams.temperature
-            probs = torch.softmax(response_logits, -1)
-            parts["entropy"] = torch.logsumexp(response_logits, -1) - (probs * response_logits).sum(-1)
+        response_logits = logits[:, micro["prompt_length"] - 1 : -1]
+        parts["entropy"] = token_entropy(response_logits, self.hparams.temperature)
         return loss, parts
 
     def _check_finite(self, name: str, value: torch.Tensor) -> bool:

@@ -83,6 +83,16 @@ def derive_seed(seed: int, *keys: int) -> int:
     return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
 
 
+def rollout_seed(seed: int, call: int, rank: int) -> int:
+    """The seed of rollout call `call` on data-parallel rank `rank`.
+
+    Ranks sample different prompts but must not share a random stream: engines derive per-prompt seeds from the
+    prompt's position in the call, so equal seeds would give rank r's prompt b the same sampling noise as every other
+    rank's prompt b. Rank 0 keeps `derive_seed(seed, call)`, the stream of single-process runs, so their seeded
+    samples (and checkpoints resumed from them) stay as they were.
+    """
+    return derive_seed(seed, call) if rank == 0 else derive_seed(seed, call, rank)
+
 
 @contextmanager
 def eval_mode(module: torch.nn.Module) -> Iterator[None]:
@@ -93,6 +103,17 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         module.train(was_training)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded `input_ids` [N, P] and `attention_mask` [N, P] (P = longest row), as `generate` needs."""
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+    return input_ids, attention_mask
 
 
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:

@@ -22,7 +22,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from erpo_lightning.rollout.engine import Sample, SamplingSettings, eval_mode, pad_token_id
+from erpo_lightning.rollout.engine import Sample, SamplingSettings, eval_mode, left_pad, pad_token_id
 
 
 class _Recorder(StoppingCriteria):
@@ -137,13 +137,9 @@ class HFEngine:
 
     def _generate_rows(self, rows: list[list[int]], settings: SamplingSettings) -> list[Sample]:
         pad_id = pad_token_id(self.tokenizer)
-        width = max(len(ids) for ids in rows)
+        input_ids, attention_mask = left_pad(rows, pad_id)
+        width = input_ids.shape[1]
         device = next(self.policy.parameters()).device
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, ids in enumerate(rows):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[i, width - len(ids) :] = 1
         stop_ids = self._stop_ids(settings)
         recorder = _Recorder(self.tokenizer, width, stop_ids, list(settings.stop))
         sampling = settings.temperature > 0

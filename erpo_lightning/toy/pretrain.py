@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from erpo_lightning.data.templates import tokenize_prompts
 from erpo_lightning.rewards import MathReward
+from erpo_lightning.rollout.engine import left_pad
 from erpo_lightning.tiny import build_tiny_qwen2
 from erpo_lightning.toy.task import toy_template
 
@@ -78,17 +79,6 @@ def collate(examples: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.T
         input_ids[row, : len(ids)] = torch.tensor(ids)
         labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])
     return input_ids, labels
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded `input_ids` [N, P] and `attention_mask` [N, P], as generation needs."""
-    width = max(len(ids) for ids in sequences)
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, ids in enumerate(sequences):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[row, width - len(ids) :] = 1
-    return input_ids, attention_mask
 
 
 @torch.no_grad()
