@@ -119,8 +119,12 @@ def train_one(method: str, seed: int, workdir: Path, out: Path, settings: StudyS
         tail = (workdir / run_dir / "fit.log").read_text()[-3000:]
         raise RuntimeError(f"{method} seed {seed} failed (exit {result.returncode}):\n{tail}")
     print(f"{method:>16} seed {seed}: {seconds:6.1f} s", flush=True)
-    log_dir = max((workdir / run_dir).glob("erpo/version_*"), key=lambda p: int(p.name.split("_")[1]))
-    return RunRecord(method, seed, log_dir, seconds)
+    return RunRecord(method, seed, latest_log_dir(workdir / run_dir), seconds)
+
+
+def latest_log_dir(run_dir: Path) -> Path:
+    """The CSVLogger directory (`erpo/version_<n>`, highest n) of one run."""
+    return max(run_dir.glob("erpo/version_*"), key=lambda p: int(p.name.split("_")[1]))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

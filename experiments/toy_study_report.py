@@ -55,6 +55,11 @@ def temperature_columns(settings: StudySettings) -> dict[str, str]:
     return columns
 
 
+def seed_std(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Sample standard deviation over seeds (the last axis); 0 with a single seed."""
+    return values.std(axis=axis, ddof=1) if values.shape[axis] > 1 else np.zeros_like(values.mean(axis=axis))
+
+
 def mean_std(values: Sequence[float], scale: float = 1.0, digits: int = 3) -> str:
     """`m ± s` over seeds (sample std; only `m` for one seed); `n/a` when the metric was not logged."""
     array = np.asarray([v for v in values if v is not None and not np.isnan(v)], dtype=float) * scale
@@ -63,7 +68,23 @@ def mean_std(values: Sequence[float], scale: float = 1.0, digits: int = 3) -> st
     if array.size == 1:
         return f"{array[0]:.{digits}g}" if scale == 1.0 else f"{array[0]:.1f}"
     fmt = (lambda x: f"{x:.{digits}g}") if scale == 1.0 else (lambda x: f"{x:.1f}")
-    return f"{fmt(array.mean())} ± {fmt(array.std(ddof=1))}"
+    return f"{fmt(array.mean())} ± {fmt(seed_std(array))}"
+
+
+def per_seed_values(values: Sequence[float], scale: float) -> str:
+    """One seed's value after another, `a / b / c`."""
+    return " / ".join(f"{scale * v:.3g}" if scale == 1.0 else f"{scale * v:.1f}" for v in values)
+
+
+def query_weight_range(records: list[RunRecord]) -> tuple[float, float]:
+    """Lowest and highest w(q) logged in any run (NaN when no run logged them)."""
+    lows, highs = [], []
+    for record in records:
+        frame = pd.read_csv(record.log_dir / "metrics.csv")
+        if "train/query_weight_min" in frame:
+            lows.append(frame["train/query_weight_min"].min())
+            highs.append(frame["train/query_weight_max"].max())
+    return (min(lows), max(highs)) if lows else (float("nan"), float("nan"))
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -88,7 +109,8 @@ def collect(records: list[RunRecord], settings: StudySettings) -> dict[str, dict
 
 
 def curve_figure(records: list[RunRecord], path: Path) -> None:
-    """Query-KL and rollout reward over steps: one line per method (mean over seeds), a ±1 std band over seeds."""
+    """Query-KL and rollout reward over steps: one line per method (mean over seeds), a band from the lowest to the
+    highest seed. Query-KL is on a symmetric-log axis: it spans four orders of magnitude between methods."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     methods = list(dict.fromkeys(r.method for r in records))
     for method in methods:
@@ -97,10 +119,10 @@ def curve_figure(records: list[RunRecord], path: Path) -> None:
             curves = pd.concat([f[column] for f in frames], axis=1)
             window = max(1, len(curves) // 20)
             smooth = curves.rolling(window, min_periods=1).mean()  # reward is noisy at 16 queries per step
-            mean, std = smooth.mean(axis=1), smooth.std(axis=1).fillna(0.0)
-            (line,) = ax.plot(mean.index, mean.values, label=method)
-            ax.fill_between(mean.index, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-    axes[0].set(title="Query-KL(ρθ ‖ ρθ0) on the training batch", xlabel="RL step", ylabel="Query-KL")
+            (line,) = ax.plot(smooth.index, smooth.mean(axis=1).values, label=method)
+            ax.fill_between(smooth.index, smooth.min(axis=1), smooth.max(axis=1), color=line.get_color(), alpha=0.2)
+    axes[0].set_yscale("symlog", linthresh=0.01)
+    axes[0].set(title="Query-KL(ρθ ‖ ρθ0) on the training batch", xlabel="RL step", ylabel="Query-KL (running mean, symlog)")
     axes[1].set(title="mean reward of the rollouts", xlabel="RL step", ylabel="reward (running mean)")
     axes[1].legend()
     fig.tight_layout()
@@ -115,13 +137,13 @@ def evaluation_figure(table: dict, base: dict, settings: StudySettings, path: Pa
     left.plot(temperatures, [100 * base[f"val/avg@k/{BENCHMARK}/T={t:g}"] for t in temperatures], "k--", label="base")
     for method, values in table.items():
         accuracy = 100 * np.array([values[f"T={t:g}"] for t in temperatures])  # temperatures x seeds
-        left.errorbar(temperatures, accuracy.mean(axis=1), yerr=accuracy.std(axis=1), marker="o", capsize=3,
+        left.errorbar(temperatures, accuracy.mean(axis=1), yerr=seed_std(accuracy), marker="o", capsize=3,
                       label=method)  # fmt: skip
     left.axvspan(1.0, max(temperatures) + 0.05, color="grey", alpha=0.1)
     left.set(title="held-out Avg@k after training", xlabel="temperature", ylabel="accuracy (%)")
     left.legend()
     gaps = [100 * np.array(values["gap"]) for values in table.values()]
-    right.bar(list(table), [g.mean() for g in gaps], yerr=[g.std() for g in gaps], capsize=4, color="tab:grey")
+    right.bar(list(table), [g.mean() for g in gaps], yerr=[seed_std(g) for g in gaps], capsize=4, color="tab:grey")
     right.axhline(0.0, color="black", linewidth=0.8)
     right.set(title="train − held-out Avg@k (all temperatures)", ylabel="points")
     right.tick_params(axis="x", rotation=20)
@@ -135,15 +157,18 @@ def paper_checks(table: dict) -> list[str]:
 
     def stat(method: str, name: str) -> tuple[float, float]:
         values = np.asarray(table[method][name], dtype=float)
-        return float(values.mean()), float(values.std(ddof=1)) if values.size > 1 else 0.0
+        return float(values.mean()), float(seed_std(values))
 
     def check(claim: str, a: tuple[str, str], b: tuple[str, str], lower: bool, scale: float = 1.0) -> str:
         (ma, sa), (mb, sb) = stat(*a), stat(*b)
         holds = ma < mb if lower else ma > mb
         close = abs(ma - mb) <= max(sa, sb)
         verdict = ("holds" if holds else "does not hold") + (" (difference within one seed std)" if close else "")
-        return (f"- {claim}: {verdict}: {a[0]} {scale * ma:.4g} ± {scale * sa:.2g} vs {b[0]} "
-                f"{scale * mb:.4g} ± {scale * sb:.2g}")  # fmt: skip
+        # Seeds are paired: seed s of both methods starts from the same data order and rollout seeds.
+        per_seed = zip(table[a[0]][a[1]], table[b[0]][b[1]])
+        wins = sum((x < y) if lower else (x > y) for x, y in per_seed)
+        return (f"- {claim}: {verdict}, in {wins} of {len(table[a[0]][a[1]])} seeds: {a[0]} {scale * ma:.4g} ± "
+                f"{scale * sa:.2g} vs {b[0]} {scale * mb:.4g} ± {scale * sb:.2g}")  # fmt: skip
 
     return [
         check("ERPO ends with a lower Query-KL than GRPO", ("erpo", "Query-KL"), ("grpo", "Query-KL"), True),
@@ -175,6 +200,10 @@ def write_report(records: list[RunRecord], settings: StudySettings, path: Path, 
     accuracy_rows += [[m] + [mean_std(v[c], scale=100) for c in columns] for m, v in table.items()]
     gap_rows = [[m, mean_std(v["train reward"]), mean_std(v["gap"], scale=100), mean_std(v["minutes"])]
                 for m, v in table.items()]  # fmt: skip
+    per_seed = ["Query-KL", "Policy-KL", "T≤1.0", "T>1.0", "gap"]
+    seed_rows = [[m] + [per_seed_values(v[name], 1.0 if "KL" in name else 100) for name in per_seed]
+                 for m, v in table.items()]  # fmt: skip
+    weights = query_weight_range(records)
     text = f"""# Toy study: GRPO, its ERPO ablations, ERPO and GRPO + Policy-KL (issue 9)
 
 Generated by `experiments/toy_study.py`; every number below is read from the runs' logs. Command:
@@ -193,14 +222,19 @@ true`); `grpo + Query-KL` (`query_kl_coef: 0.01`); `erpo` (both); `grpo_kl` (Pol
 
 ## Final training metrics (as in the paper's Table 3)
 
-Mean over the last {FINAL_WINDOW} steps of each run, then mean ± std over seeds.
+Mean over the last {FINAL_WINDOW} steps of each run, then mean ± std over seeds. Query-KL is the released code's
+per-token k3 estimator (`token_k3`), Policy-KL the k3 estimator per response token, entropy in nats per response
+token. Query-KL is heavy-tailed across seeds where it is not regularised: the per-seed values are below.
+The weights w(q) that `grpo + w(q)` and `erpo` apply ranged over [{weights[0]:.3g}, {weights[1]:.3g}] in these runs.
 
 {markdown_table(["method", "Query-KL", "Policy-KL", "entropy"], kl_rows)}
 
 ## Held-out accuracy by temperature (Avg@{settings.eval_k}, %)
 
 `base` is the initial model (measured once, before the first run's first step); T≤1.0 and T>1.0 are means over
-those temperatures.
+those temperatures. For scale: at 50% accuracy the binomial standard error of one run's Avg@{settings.eval_k} on
+{settings.eval_problems} problems is {50 / (settings.eval_problems * settings.eval_k) ** 0.5:.1f} points (more in
+fact, as the samples of one problem are correlated).
 
 {markdown_table(["method", *columns], accuracy_rows)}
 
@@ -211,11 +245,23 @@ temperatures of the sweep (points). Train reward: the rollouts' mean reward, las
 
 {markdown_table(["method", "train reward", "gap (points)", "run time (min)"], gap_rows)}
 
+## Per seed
+
+Seeds {seeds} in order, final values as in the tables above (KLs as is, accuracies and the gap in points).
+
+{markdown_table(["method", *per_seed], seed_rows)}
+
 ## The paper's claims, checked on these runs
+
+Each claim compares the means over seeds; "in k of n seeds" counts the seeds where it holds for that seed's pair of
+runs.
 
 {chr(10).join(paper_checks(table))}
 
 ## Figures
+
+Training curves: a running mean over {max(1, settings.steps // 20)} steps, averaged over seeds; the band spans the lowest
+to the highest seed. Accuracy: mean over seeds with ±1 std error bars.
 
 ![Query-KL and reward over training]({curves.name})
 

@@ -1,9 +1,13 @@
-"""Smoke test of experiments/toy_study.py: every method trains and sweeps once, and the report is written."""
+"""Smoke test of experiments/toy_study.py: every method trains and sweeps once, the report is written, and
+`toy_study_compare.py` tells a reproduced study from a changed one."""
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pandas as pd
 
 from erpo_lightning.toy import ensure_toy_assets
 from test_quickstart import QUICK_TOY
@@ -34,3 +38,17 @@ def test_quick_toy_study_writes_report_and_figures(tmp_path):
         assert sum(line.startswith(f"| {method} |") for line in accuracy_table.splitlines()) == 1, method
     assert "| base |" in accuracy_table
     assert "n/a" not in kl_table  # Query-KL, Policy-KL and entropy are logged for every method
+
+    # The rerun check: a study compared with itself agrees; one whose final Query-KL moved is flagged.
+    compare = [sys.executable, str(REPO / "experiments" / "toy_study_compare.py")]
+    same = subprocess.run([*compare, str(out), str(out)], capture_output=True, text=True)
+    assert same.returncode == 0, same.stdout + same.stderr
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    metrics_csv = next((moved / "erpo" / "seed0").glob("erpo/version_*/metrics.csv"))
+    frame = pd.read_csv(metrics_csv)
+    frame["train/query_kl"] += 1.0
+    frame.to_csv(metrics_csv, index=False)
+    changed = subprocess.run([*compare, str(out), str(moved)], capture_output=True, text=True)
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert json.loads(changed.stdout)["outside_seed_spread"] == ["erpo/Query-KL"]
