@@ -29,3 +29,15 @@ def test_readme_has_exactly_two_commands_in_its_quickstart():
     commands = re.findall(r"```bash\n(.*?)```", section, re.S)
     lines = [line for block in commands for line in block.splitlines() if line.strip() and not line.startswith("#")]
     assert lines == ["make quickstart", "make test"]
+
+
+def test_toy_study_figures_quoted_in_the_readme_are_the_reports():
+    section = README.read_text().split("## What ERPO does, measured", 1)[1].split("\n## ", 1)[0]
+    report = (README.parent / "docs" / "toy_study.md").read_text()
+    assert "](docs/toy_study.md)" in section
+    quoted = re.findall(r"\d[\d.]* ± [\d.]+", section)
+    assert len(quoted) >= 8, quoted  # the section quotes its numbers from the report ...
+    missing = [figure for figure in quoted if figure not in report]
+    assert not missing, f"README quotes numbers the report does not have: {missing}"  # ... and only those
+    minutes = re.search(r"\(([\d.]+) min on 2 CPU cores\)", section).group(1)
+    assert f"time: {minutes} min" in report
