@@ -23,6 +23,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from erpo_lightning.evaluation.validate import load_policy_weights
 from erpo_lightning.modules.sharding import export_hf_checkpoint
 from erpo_lightning.tiny import save_tiny_model
 
@@ -115,6 +116,21 @@ def test_export_hugging_face_directory_from_shards(erpo_runs, model_dir, tmp_pat
     assert state.keys() == erpo_runs["fsdp"]["weights"].keys()
     for name, tensor in erpo_runs["fsdp"]["weights"].items():
         assert torch.equal(state[name], tensor), name
+
+
+def test_validate_reads_a_sharded_checkpoint_in_one_process(erpo_runs, model_dir, tmp_path):
+    policy = AutoModelForCausalLM.from_pretrained(model_dir)
+    load_policy_weights(policy, str(erpo_runs["checkpoints"] / "epoch=2.ckpt"))
+    for name, tensor in policy.state_dict().items():
+        assert torch.equal(tensor, erpo_runs["fsdp"]["weights"][name]), name
+    config = {**policy.config.to_dict(), "num_hidden_layers": 3}
+    config.pop("layer_types", None)  # derived from num_hidden_layers again
+    bigger = AutoModelForCausalLM.from_config(policy.config.__class__(**config))
+    with pytest.raises(ValueError, match="Missing key .*layers.2"):  # a weight the checkpoint lacks: refused, not left as is
+        load_policy_weights(bigger, str(erpo_runs["checkpoints"] / "epoch=2.ckpt"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint file nor a sharded checkpoint directory"):
+        load_policy_weights(policy, str(tmp_path / "empty"))
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,24 @@ from rich.console import Console
 from erpo_lightning.evaluation.metrics import SweepMetric
 from erpo_lightning.evaluation.report import SweepRun, plot_accuracy, print_tables, result_rows, write_results, PLOT_PNG
 from erpo_lightning.evaluation.sweep import SweepConfig, SweepRunner, find_rollout, prepare_benchmarks, prompt_settings
+from erpo_lightning.modules.sharding import is_sharded_checkpoint, load_sharded_policy
 
 BASE = "base"
 
 
 def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
-    """Load the `policy.*` weights of a Lightning checkpoint file into `policy` (strict: every weight must match)."""
+    """Load the `policy.*` weights of a Lightning checkpoint into `policy` (strict: every weight must match).
+
+    `ckpt_path` is a checkpoint file (single device, DDP) or a sharded checkpoint directory (FSDP2), read in one
+    process without a process group.
+    """
     path = Path(ckpt_path)
+    if is_sharded_checkpoint(path):
+        load_sharded_policy(policy, path)
+        return
     if not path.is_file():
         raise FileNotFoundError(
-            f"{ckpt_path}: no checkpoint file (a sharded checkpoint directory must be consolidated into one file first)"
+            f"{ckpt_path}: neither a checkpoint file nor a sharded checkpoint directory (one with a .metadata file)"
         )
     state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
     weights = {key.removeprefix("policy."): value for key, value in state.items() if key.startswith("policy.")}

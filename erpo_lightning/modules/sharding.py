@@ -3,7 +3,8 @@
 `ERPOModule.configure_model` calls `shard_causal_lm` under Lightning's `ModelParallelStrategy`: one `fully_shard`
 unit per decoder layer (its parameters are all-gathered just before the layer runs and freed after) plus the root
 (embeddings, final norm, LM head). The checkpoints that strategy writes are `torch.distributed.checkpoint`
-directories (one shard per rank); `export_hf_checkpoint` turns one into a Hugging Face model directory.
+directories (one shard per rank); `load_sharded_policy` reads the policy of one into an unsharded model (what
+`erpo validate` does) and `export_hf_checkpoint` writes it as a Hugging Face model directory.
 
     python -m erpo_lightning.modules.sharding CHECKPOINT_DIR MODEL_PATH OUTPUT_DIR
 """
@@ -81,20 +82,41 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Ten
     return total
 
 
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a `torch.distributed.checkpoint` directory (what ModelParallelStrategy saves)."""
+    return (Path(path) / ".metadata").is_file()
+
+
+def load_sharded_policy(policy: torch.nn.Module, checkpoint_dir: str | Path) -> None:
+    """Read the policy weights of a sharded Lightning checkpoint into `policy`, in place.
+
+    Runs in one process without a process group; `policy` is an unsharded model of the run's architecture. Every
+    policy weight must be in the checkpoint (a missing one raises); its other entries (optimizer state) are not read.
+    """
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    state = {POLICY_PREFIX + name: tensor for name, tensor in policy.state_dict().items()}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            load({"state_dict": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
+        except CheckpointException as error:  # its message is a per-rank traceback dump; keep the cause
+            failure = next(iter(error.failures.values()), error)
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            raise ValueError(f"{checkpoint_dir}: cannot load it into this {type(policy).__name__}: {cause}") from error
+
+
 def export_hf_checkpoint(checkpoint_dir: str | Path, model_path: str, output_dir: str | Path) -> Path:
     """Write the policy of a distributed (sharded) Lightning checkpoint as a Hugging Face model directory.
 
     Runs in one process without a process group. The model is built from `model_path` (the run's initial policy:
     architecture, dtype, tokenizer), then its weights are read in place from the shards, so the host holds one copy.
     """
-    from torch.distributed.checkpoint import load
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_path)
-    state = {POLICY_PREFIX + name: tensor for name, tensor in model.state_dict().items()}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        load({"state_dict": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    load_sharded_policy(model, checkpoint_dir)
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(output_dir)
