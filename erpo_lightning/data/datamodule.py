@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.data.cache import SCORES_FILE, ReferenceScoreCache, read_manifest, write_cache
 from erpo_lightning.data.compute import Gather, ScoreSettings, compute_reference_scores
-from erpo_lightning.data.fingerprint import CACHE_HOME, build_manifest, check_manifest, fingerprint_digest
+from erpo_lightning.data.fingerprint import build_manifest, cache_home, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
@@ -32,7 +32,7 @@ from erpo_lightning.objectives import batch_query_weights, query_weights
 
 WeightSource = Literal["reference", "current", "none"]
 WeightNorm = Literal["dataset", "batch"]
-DEFAULT_CACHE_ROOT = CACHE_HOME / "reference"
+DEFAULT_CACHE_ROOT = cache_home() / "reference"
 
 
 @rank_zero_only
@@ -288,7 +288,6 @@ class QueryDataModule(LightningDataModule):
             shutil.rmtree(directory / "partial", ignore_errors=True)
         report(f"wrote reference scores to {directory}")
         return cache
-
 
     def _scoring_engine(self, world_size: int, strategy=None):
         """The frozen reference that scores the queries: a transformers model, or a vLLM engine."""

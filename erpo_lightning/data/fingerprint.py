@@ -40,8 +40,14 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 _READ_BYTES = 16 * 2**20
-CACHE_HOME = Path(os.environ.get("ERPO_CACHE_HOME", Path.home() / ".cache" / "erpo_lightning"))
-HASH_MEMO = CACHE_HOME / "file_hashes.json"
+
+
+def cache_home() -> Path:
+    """`$ERPO_CACHE_HOME` (default `~/.cache/erpo_lightning`): reference caches, file hashes and the toy build."""
+    return Path(os.environ.get("ERPO_CACHE_HOME") or Path.home() / ".cache" / "erpo_lightning")
+
+
+HASH_MEMO = cache_home() / "file_hashes.json"
 
 
 class CacheMismatchError(RuntimeError):

@@ -25,6 +25,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from erpo_lightning.data.fingerprint import cache_home
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.tiny import build_byte_tokenizer
 from erpo_lightning.toy.pretrain import MAX_NEW_TOKENS, PretrainConfig, pretrain, sample_correct
@@ -67,8 +68,7 @@ class ToyAssets:
 
 def default_root() -> Path:
     """`$ERPO_CACHE_HOME/toy-arith-v1`, `ERPO_CACHE_HOME` defaulting to `~/.cache/erpo_lightning`."""
-    cache_home = os.environ.get("ERPO_CACHE_HOME") or Path.home() / ".cache" / "erpo_lightning"
-    return Path(cache_home) / TOY_NAME
+    return cache_home() / TOY_NAME
 
 
 def _assets(root: Path, manifest: dict) -> ToyAssets:
