@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,9 +38,14 @@ class RunRecord:
     log_dir: Path
     seconds: float
 
+    @cached_property
+    def logged(self) -> pd.DataFrame:
+        """The run's `metrics.csv` as logged (read once)."""
+        return pd.read_csv(self.log_dir / "metrics.csv")
+
     def metrics(self) -> pd.DataFrame:
         """Per-step training metrics (one row per RL step; the sweep rows are dropped)."""
-        frame = pd.read_csv(self.log_dir / "metrics.csv")
+        frame = self.logged
         columns = [c for c in TRAIN_METRICS.values() if c in frame]
         return frame.dropna(subset=["train/query_kl"]).groupby("step")[columns].mean()
 
@@ -80,7 +86,7 @@ def query_weight_range(records: list[RunRecord]) -> tuple[float, float]:
     """Lowest and highest w(q) logged in any run (NaN when no run logged them)."""
     lows, highs = [], []
     for record in records:
-        frame = pd.read_csv(record.log_dir / "metrics.csv")
+        frame = record.logged
         if "train/query_weight_min" in frame:
             lows.append(frame["train/query_weight_min"].min())
             highs.append(frame["train/query_weight_max"].max())

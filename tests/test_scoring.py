@@ -4,6 +4,7 @@ import torch
 from transformers import AutoTokenizer
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.rollout.engine import left_pad
 from erpo_lightning.scoring import (
     gather_token_logprobs,
     prompt_response_token_logprobs,
@@ -12,17 +13,11 @@ from erpo_lightning.scoring import (
 )
 
 
-def _left_pad(rows, pad_id, width):
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
 def test_left_padded_logprobs_equal_unpadded_forward(tiny_model, tiny_model_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     texts = ["What is 2 + 3?", "Compute 12 * 7, then add 5.", "Hi"]
     rows = [tokenizer(t)["input_ids"] for t in texts]
-    ids, mask = _left_pad(rows, tokenizer.pad_token_id, max(map(len, rows)))
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
     with torch.no_grad():
         padded = sequence_logprobs(tiny_model, ids, mask)
         for i, row in enumerate(rows):

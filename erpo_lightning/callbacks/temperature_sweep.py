@@ -69,9 +69,7 @@ class TemperatureSweepCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run_at_start and trainer.global_step == 0:
-            values = self.evaluate(trainer, pl_module)
-            for logger in trainer.loggers:  # Lightning allows no self.log here
-                logger.log_metrics({name: float(value) for name, value in values.items()}, step=0)
+            log_outside_step(trainer, self.evaluate(trainer, pl_module))
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -84,9 +82,7 @@ class TemperatureSweepCallback(pl.Callback):
         if not self.run_at_end:
             return
         if not self.history or self.history[-1][0] != trainer.global_step:
-            values = self.evaluate(trainer, pl_module)
-            for logger in trainer.loggers:
-                logger.log_metrics({name: float(value) for name, value in values.items()}, step=trainer.global_step)
+            log_outside_step(trainer, self.evaluate(trainer, pl_module))
         log_dir = trainer.log_dir  # a collective under several ranks: every rank asks
         if trainer.is_global_zero:
             query_kl = trainer.callback_metrics.get("train/query_kl")
@@ -147,6 +143,12 @@ class TemperatureSweepCallback(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._batches = state_dict["batches"]
         self.history = [tuple(entry) for entry in state_dict.get("history", [])]
+
+
+def log_outside_step(trainer: pl.Trainer, values: dict[str, torch.Tensor]) -> None:
+    """Log `values` at the current global step from a hook where Lightning allows no `self.log` (train start/end)."""
+    for logger in trainer.loggers:
+        logger.log_metrics({name: float(value) for name, value in values.items()}, step=trainer.global_step)
 
 
 def print_sweep_summary(history: list[tuple[int, dict[str, float]]], query_kl: float | None, log_dir: str | None) -> None:
