@@ -104,7 +104,10 @@ def load_sharded_policy(policy: torch.nn.Module, checkpoint_dir: str | Path) -> 
         except CheckpointException as error:  # its message is a per-rank traceback dump; keep the cause
             failure = next(iter(error.failures.values()), error)
             cause = failure[0] if isinstance(failure, tuple) else failure
-            raise ValueError(f"{checkpoint_dir}: cannot load it into this {type(policy).__name__}: {cause}") from error
+            raise ValueError(
+                f"{checkpoint_dir}: cannot load it into this {type(policy).__name__}: {cause} Is `model.model_path` "
+                "the initial model of the run that wrote this checkpoint?"
+            ) from error
 
 
 def export_hf_checkpoint(checkpoint_dir: str | Path, model_path: str, output_dir: str | Path) -> Path:
