@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from erpo_lightning.data import QueryDataModule, ScoreSettings, compute_reference_scores, load_reference_model
+from erpo_lightning.data import QueryDataModule, compute_reference_scores, load_reference_model
 from erpo_lightning.data.compute import plan_batches, plan_chunks, right_padded, score_batch
 from erpo_lightning.tiny import save_tiny_model
 
@@ -137,7 +137,7 @@ def main() -> None:
     }
     seconds = timed_interleaved(methods, device, args.repeats)
     paired_seconds = paired(model, prompts, sorted_batches, device)
-    del model
+    model = None  # frees the weights before the end-to-end run; the closures above are done with them
     seconds.update(timed_interleaved({"end_to_end": lambda: datamodule.build_or_load_cache(force=True)}, device, 1))
 
     query_tokens = sum(lengths)

@@ -4,7 +4,9 @@ Pairs: each MATH-500 gold as the reference, and that gold wrapped as a model res
 (``... The final answer is $\\boxed{<gold>}$.``). Prints one JSON object to stdout:
 pairs/second for MathReward (warm worker pool, the steady state of training), for its sympy
 step alone in this process (no short-circuit: what a pair costs when cheap rules cannot decide),
-and for Math-Verify's ``parse``+``verify`` in this process. Usage: ``python bench/bench_grader.py [--data PATH] [--workers 2]``.
+and for Math-Verify's ``parse``+``verify`` in this process.
+
+Usage: ``python bench/bench_grader.py [--data PATH] [--workers 2]``.
 """
 
 from __future__ import annotations
@@ -52,12 +54,11 @@ def bench_math_verify(responses: list[str], golds: list[str]) -> dict[str, float
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     start = time.perf_counter()
     agree = 0
-    for response, gold in zip(responses, golds):
+    for response, gold in zip(responses, golds, strict=True):
         if not re.search(r"\$|\\\(|\\\[|\\boxed", gold):
             gold = f"\\boxed{{{gold}}}"
         agree += bool(verify(parse(gold), parse(response)))
-    return {"math_verify_pairs_per_s": _rate(len(golds), time.perf_counter() - start),
-            "math_verify_agreement": agree}
+    return {"math_verify_pairs_per_s": _rate(len(golds), time.perf_counter() - start), "math_verify_agreement": agree}
 
 
 def main() -> None:

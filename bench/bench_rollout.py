@@ -43,7 +43,9 @@ def time_engine(engine, policy, prompts: list[list[int]], settings: SamplingSett
         seconds = time.perf_counter() - start
         tokens = sum(len(s.token_ids) for group in samples for s in group)
         rates.append(tokens / seconds)
-    batch = assemble_batch(prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), torch.ones(len(prompts)), 0)
+    batch = assemble_batch(
+        prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), torch.ones(len(prompts)), 0
+    )
     with torch.no_grad():
         trainer = sequence_logprobs(policy, batch["input_ids"], batch["attention_mask"], settings.temperature)
     diff = (trainer[:, batch["prompt_length"] :] - batch["sampling_logprobs"]).abs()[batch["response_mask"].bool()]

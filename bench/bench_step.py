@@ -6,7 +6,8 @@ scores), and it needs no reference model in memory, unlike Policy-KL. Each algor
 after one warm-up step on the identical rollout batch. Ratios are of medians measured in the same run.
 
     .venv/bin/python bench/bench_step.py                         # CPU, ~20M-parameter Qwen2, fp32
-    python bench/bench_step.py --device cuda --size 0.5b --dtype bfloat16 --queries 16 --prompt-len 256 --response-len 1024
+    python bench/bench_step.py --device cuda --size 0.5b --dtype bfloat16 --queries 16 \
+        --prompt-len 256 --response-len 1024
 """
 
 from __future__ import annotations
@@ -25,10 +26,20 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 ALGORITHMS = ("erpo", "grpo", "grpo_kl")
-SIZES = {  # Qwen2 shapes; "0.5b" is Qwen2.5-0.5B's (with its 151,936-token vocabulary)
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=320),
-    "20m": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, vocab_size=8192),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+# Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
+# "0.5b" is Qwen2.5-0.5B's (with its 151,936-token vocabulary).
+SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+SIZES = {
+    "tiny": dict(zip(SHAPE_FIELDS, (128, 256, 2, 2, 1, 320), strict=True)),
+    "20m": dict(zip(SHAPE_FIELDS, (512, 1408, 6, 8, 2, 8192), strict=True)),
+    "0.5b": dict(zip(SHAPE_FIELDS, (896, 4864, 24, 14, 2, 151936), strict=True)),
 }  # fmt: skip
 
 
@@ -81,7 +92,9 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     model_path = Path(args.workdir) / "model"
     batch = rollout_batch(args, SIZES[args.size]["vocab_size"])
-    module = ERPOModule(str(model_path), algorithm=args.algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens)
+    module = ERPOModule(
+        str(model_path), algorithm=args.algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens
+    )
     module.configure_model()
     device = torch.device(args.device)
     with torch.no_grad():  # the reference cache: one value per prompt token, from the initial model
@@ -89,7 +102,9 @@ def worker(args) -> dict:
         masks = batch["attention_mask"][:: args.group_size, : args.prompt_len]
         module.policy.to(device)
         scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
-    module.reference_cache = ReferenceScoreCache.from_rows([s[m.bool()] for s, m in zip(scored, masks)]).to(device)
+    module.reference_cache = ReferenceScoreCache.from_rows(
+        [s[m.bool()] for s, m in zip(scored, masks, strict=True)]
+    ).to(device)
 
     times: list[float] = []
 

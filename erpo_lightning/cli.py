@@ -71,7 +71,11 @@ class ERPOCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         lightning_subcommands = LightningCLI.subcommands()  # test/predict have no meaning for RL training
-        return {"fit": lightning_subcommands["fit"], "validate": lightning_subcommands["validate"], "cache": {"model", "datamodule"}}
+        return {
+            "fit": lightning_subcommands["fit"],
+            "validate": lightning_subcommands["validate"],
+            "cache": {"model", "datamodule"},
+        }
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RolloutCallback, "rollout")

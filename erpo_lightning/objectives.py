@@ -45,11 +45,15 @@ def group_advantages(
     """
     rewards = rewards.detach().float()
     if rewards.ndim != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"rewards must be [N] with N a multiple of group_size={group_size}, got {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be [N] with N a multiple of group_size={group_size}, got {tuple(rewards.shape)}"
+        )
     if estimator == "reinforce":
         return rewards - rewards.mean()
     if group_size < 2:
-        raise ValueError(f"estimator {estimator!r} needs group_size >= 2 (got {group_size}): a group of one has no baseline")
+        raise ValueError(
+            f"estimator {estimator!r} needs group_size >= 2 (got {group_size}): a group of one has no baseline"
+        )
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if estimator == "grpo":

@@ -121,14 +121,16 @@ def curve_figure(records: list[RunRecord], path: Path) -> None:
     methods = list(dict.fromkeys(r.method for r in records))
     for method in methods:
         frames = [r.metrics() for r in records if r.method == method]
-        for ax, column in zip(axes, ("train/query_kl", "rollout/reward_mean")):
+        for ax, column in zip(axes, ("train/query_kl", "rollout/reward_mean"), strict=True):
             curves = pd.concat([f[column] for f in frames], axis=1)
             window = max(1, len(curves) // 20)
             smooth = curves.rolling(window, min_periods=1).mean()  # reward is noisy at 16 queries per step
             (line,) = ax.plot(smooth.index, smooth.mean(axis=1).values, label=method)
             ax.fill_between(smooth.index, smooth.min(axis=1), smooth.max(axis=1), color=line.get_color(), alpha=0.2)
     axes[0].set_yscale("symlog", linthresh=0.01)
-    axes[0].set(title="Query-KL(ρθ ‖ ρθ0) on the training batch", xlabel="RL step", ylabel="Query-KL (running mean, symlog)")
+    axes[0].set(
+        title="Query-KL(ρθ ‖ ρθ0) on the training batch", xlabel="RL step", ylabel="Query-KL (running mean, symlog)"
+    )
     axes[1].set(title="mean reward of the rollouts", xlabel="RL step", ylabel="reward (running mean)")
     axes[1].legend()
     fig.tight_layout()
@@ -171,18 +173,26 @@ def paper_checks(table: dict) -> list[str]:
         close = abs(ma - mb) <= max(sa, sb)
         verdict = ("holds" if holds else "does not hold") + (" (difference within one seed std)" if close else "")
         # Seeds are paired: seed s of both methods starts from the same data order and rollout seeds.
-        per_seed = zip(table[a[0]][a[1]], table[b[0]][b[1]])
+        per_seed = zip(table[a[0]][a[1]], table[b[0]][b[1]], strict=True)
         wins = sum((x < y) if lower else (x > y) for x, y in per_seed)
         return (f"- {claim}: {verdict}, in {wins} of {len(table[a[0]][a[1]])} seeds: {a[0]} {scale * ma:.4g} ± "
                 f"{scale * sa:.2g} vs {b[0]} {scale * mb:.4g} ± {scale * sb:.2g}")  # fmt: skip
 
     return [
         check("ERPO ends with a lower Query-KL than GRPO", ("erpo", "Query-KL"), ("grpo", "Query-KL"), True),
-        check("Query-KL alone (no w(q)) lowers Query-KL vs GRPO", ("grpo + Query-KL", "Query-KL"),
-              ("grpo", "Query-KL"), True),  # fmt: skip
+        check(
+            "Query-KL alone (no w(q)) lowers Query-KL vs GRPO",
+            ("grpo + Query-KL", "Query-KL"),
+            ("grpo", "Query-KL"),
+            True,
+        ),  # fmt: skip
         check("grpo_kl keeps Policy-KL below GRPO's", ("grpo_kl", "Policy-KL"), ("grpo", "Policy-KL"), True),
-        check("grpo_kl (Policy-KL) does not keep Query-KL as low as ERPO", ("grpo_kl", "Query-KL"),
-              ("erpo", "Query-KL"), False),  # fmt: skip
+        check(
+            "grpo_kl (Policy-KL) does not keep Query-KL as low as ERPO",
+            ("grpo_kl", "Query-KL"),
+            ("erpo", "Query-KL"),
+            False,
+        ),  # fmt: skip
         check("ERPO is more accurate than GRPO at T > 1.0 (%)", ("erpo", "T>1.0"), ("grpo", "T>1.0"), False, 100),
         check("ERPO is more accurate than GRPO at T ≤ 1.0 (%)", ("erpo", "T≤1.0"), ("grpo", "T≤1.0"), False, 100),
         check("ERPO's train-vs-eval gap is smaller than GRPO's (points)", ("erpo", "gap"), ("grpo", "gap"), True, 100),
@@ -266,8 +276,8 @@ runs.
 
 ## Figures
 
-Training curves: a running mean over {max(1, settings.steps // 20)} steps, averaged over seeds; the band spans the lowest
-to the highest seed. Accuracy: mean over seeds with ±1 std error bars.
+Training curves: a running mean over {max(1, settings.steps // 20)} steps, averaged over seeds; the band spans the
+lowest to the highest seed. Accuracy: mean over seeds with ±1 std error bars.
 
 ![Query-KL and reward over training]({curves.name})
 

@@ -61,7 +61,7 @@ def global_batches(model: torch.nn.Module) -> list[dict]:
     batches = []
     for step in range(NUM_BATCHES):
         rows, masks = [], []
-        for prompt_length, responses in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS):
+        for prompt_length, responses in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True):
             prompt = torch.randint(10, 250, (prompt_length,), generator=generator).tolist()
             for length in responses:
                 response = torch.randint(10, 250, (length,), generator=generator).tolist()
@@ -71,7 +71,9 @@ def global_batches(model: torch.nn.Module) -> list[dict]:
         input_ids, attention_mask = torch.tensor(rows), torch.tensor(masks)
         response_mask = attention_mask[:, prompt_width:]
         with torch.no_grad():  # sampled by the initial policy: later steps are off-policy
-            sampling = sequence_logprobs(model, input_ids, attention_mask, TEMPERATURE)[:, prompt_width:] * response_mask
+            sampling = (
+                sequence_logprobs(model, input_ids, attention_mask, TEMPERATURE)[:, prompt_width:] * response_mask
+            )
         num_rows = len(rows)
         batches.append({
             "input_ids": input_ids,
@@ -177,7 +179,9 @@ def main() -> None:
     recorder = RecordMetrics()
     callbacks: list[Callback] = [recorder]
     if args.save_checkpoints:
-        callbacks.append(ModelCheckpoint(out_dir / "checkpoints", "{epoch}", save_top_k=-1, save_on_train_epoch_end=True))
+        callbacks.append(
+            ModelCheckpoint(out_dir / "checkpoints", "{epoch}", save_top_k=-1, save_on_train_epoch_end=True)
+        )
     trainer = L.Trainer(
         accelerator="cpu", devices=devices, strategy=strategy, max_epochs=NUM_BATCHES,
         logger=False, enable_checkpointing=args.save_checkpoints, enable_progress_bar=False,

@@ -40,7 +40,10 @@ def smoke_config(tmp_path, tiny_model_path, benchmarks_dir):
             "max_steps": 2,
             "accelerator": "cpu",
             "default_root_dir": str(tmp_path / "run"),
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "run")}},
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path / "run")},
+            },
             "enable_checkpointing": False,
             "log_every_n_steps": 1,
         },
@@ -70,7 +73,9 @@ def test_cache_then_fit_end_to_end(smoke_config, tmp_path):
     assert "wrote reference scores" in cached.stdout + cached.stderr
     fitted = run_erpo("fit", "--config", str(smoke_config), cwd=tmp_path)
     assert fitted.returncode == 0, fitted.stderr[-3000:]
-    assert "loaded reference scores of 8 queries" in fitted.stdout + fitted.stderr  # fit reused the cache `erpo cache` wrote
+    assert (
+        "loaded reference scores of 8 queries" in fitted.stdout + fitted.stderr
+    )  # fit reused the cache `erpo cache` wrote
     metrics_file = next((tmp_path / "run").rglob("metrics.csv"))
     rows = list(csv.DictReader(metrics_file.open()))
     query_kl = [float(r["train/query_kl"]) for r in rows if r.get("train/query_kl")]
@@ -78,4 +83,6 @@ def test_cache_then_fit_end_to_end(smoke_config, tmp_path):
     assert any(r.get("rollout/reward_mean") for r in rows)
     # The command that cache-mismatch errors tell users to run.
     rebuilt = run_erpo("cache", "--config", str(smoke_config), "--force", "true", cwd=tmp_path)
-    assert rebuilt.returncode == 0 and "wrote reference scores" in rebuilt.stdout + rebuilt.stderr, rebuilt.stderr[-2000:]
+    assert rebuilt.returncode == 0 and "wrote reference scores" in rebuilt.stdout + rebuilt.stderr, rebuilt.stderr[
+        -2000:
+    ]

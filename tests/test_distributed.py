@@ -126,7 +126,9 @@ def test_validate_reads_a_sharded_checkpoint_in_one_process(erpo_runs, model_dir
     config = {**policy.config.to_dict(), "num_hidden_layers": 3}
     config.pop("layer_types", None)  # derived from num_hidden_layers again
     bigger = AutoModelForCausalLM.from_config(policy.config.__class__(**config))
-    with pytest.raises(ValueError, match="Missing key .*layers.2"):  # a weight the checkpoint lacks: refused, not left as is
+    with pytest.raises(
+        ValueError, match="Missing key .*layers.2"
+    ):  # a weight the checkpoint lacks: refused, not left as is
         load_policy_weights(bigger, str(erpo_runs["checkpoints"] / "epoch=2.ckpt"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither a checkpoint file nor a sharded checkpoint directory"):
@@ -160,7 +162,10 @@ def test_erpo_fit_under_fsdp2_then_export(tmp_path, tiny_model_path, benchmarks_
                 "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
                 "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
             },
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "run")}},
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path / "run")},
+            },
             "log_every_n_steps": 1,
         },
         "model": {"model_path": str(tiny_model_path), "learning_rate": 1e-4, "gradient_checkpointing": True},

@@ -39,8 +39,14 @@ def rollout_batch(model):
     rows, masks, response_masks = [], [], []
     for i, response in enumerate(RESPONSES):
         prompt = PROMPTS[i // 2]
-        rows.append([PAD] * (prompt_length - len(prompt)) + prompt + response + [PAD] * (response_length - len(response)))
-        masks.append([0] * (prompt_length - len(prompt)) + [1] * (len(prompt) + len(response)) + [0] * (response_length - len(response)))
+        rows.append(
+            [PAD] * (prompt_length - len(prompt)) + prompt + response + [PAD] * (response_length - len(response))
+        )
+        masks.append(
+            [0] * (prompt_length - len(prompt))
+            + [1] * (len(prompt) + len(response))
+            + [0] * (response_length - len(response))
+        )
         response_masks.append([1] * len(response) + [0] * (response_length - len(response)))
     sampling = torch.zeros(4, response_length)
     with torch.no_grad():

@@ -90,7 +90,9 @@ def test_metric_mean_over_and_empty_cells():
     assert math.isnan(values["val/avg@k/eval/T=1.3"].item())  # never evaluated: NaN, not 0
     assert "val/avg@k/eval/T<=1.0" in values and "val/avg@k/eval/T>1.0" in values
     with pytest.raises(ValueError, match="needs at least 3 samples"):
-        SweepMetric(["x"], [1.0], pass_ks=[3]).update(0, 0, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2), torch.zeros(2, 2))
+        SweepMetric(["x"], [1.0], pass_ks=[3]).update(
+            0, 0, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2), torch.zeros(2, 2)
+        )
 
 
 def _distributed_worker(rank, port, cells, results):
@@ -134,12 +136,14 @@ class ScriptedEngine:
         for ids in prompt_ids:
             gold = self.answers_by_prompt[tuple(ids)]
             texts = [f"\\boxed{{{gold if g % 2 == 0 else 'none'}}}" for g in range(settings.n)]
-            groups.append([Sample(self.tokenizer.encode(t), [0.0] * len(self.tokenizer.encode(t)), "stop") for t in texts])
+            groups.append(
+                [Sample(self.tokenizer.encode(t), [0.0] * len(self.tokenizer.encode(t)), "stop") for t in texts]
+            )
         return groups
 
 
 def exact_reward(responses, golds):
-    return [float(r == f"\\boxed{{{g}}}") for r, g in zip(responses, golds)]
+    return [float(r == f"\\boxed{{{g}}}") for r, g in zip(responses, golds, strict=True)]
 
 
 def test_runner_batches_by_temperature_and_k_and_grades():
@@ -149,7 +153,7 @@ def test_runner_batches_by_temperature_and_k_and_grades():
         PreparedBenchmark("three", 3, 3, [tokenizer.encode(f"p{i}") for i in range(3)], ["x", "y", "z"]),
         PreparedBenchmark("also4", 4, 4, [tokenizer.encode("r0")], ["7"]),
     ]
-    answers = {tuple(ids): gold for b in benchmarks for ids, gold in zip(b.prompt_ids, b.answers)}
+    answers = {tuple(ids): gold for b in benchmarks for ids, gold in zip(b.prompt_ids, b.answers, strict=True)}
     engine = ScriptedEngine(tokenizer, answers)
     config = SweepConfig(temperatures=[0.2, 1.4], batch_size=4, seed=3, progress=False)
     metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
@@ -182,7 +186,9 @@ def test_missing_or_malformed_benchmark_is_named(tmp_path, benchmarks_dir):
     with pytest.raises(DataError, match=r"(?s)benchmark .broken.*row 2, field .answer."):
         prepare_benchmarks(SweepConfig([Benchmark({"path": str(broken)})]), tokenizer, template, 4096)
     with pytest.raises(DataError, match="pass_k=3 must be between 1 and k=2"):
-        prepare_benchmarks(SweepConfig([Benchmark({"path": str(broken), "limit": 1}, k=2, pass_k=3)]), tokenizer, template, 4096)
+        prepare_benchmarks(
+            SweepConfig([Benchmark({"path": str(broken), "limit": 1}, k=2, pass_k=3)]), tokenizer, template, 4096
+        )
     prepared = prepare_benchmarks(SweepConfig([good], max_problems=3), tokenizer, template, 4096)
     assert prepared[0].label == "gsm8k" and len(prepared[0].prompt_ids) == 3 and prepared[0].answers[0] == "18"
 

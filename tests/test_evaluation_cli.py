@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 from test_cli import run_erpo
-from test_rollout_callback import PolicyModule, ParityReward
+from test_rollout_callback import ParityReward, PolicyModule
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback
@@ -56,7 +56,9 @@ def test_validate_writes_table_files_and_plot(tmp_path, tiny_model_path, benchma
     }
     path = tmp_path / "validate.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = run_erpo("validate", "--config", str(path), "--ckpt_path", str(checkpoint), "--include_base", "true", cwd=tmp_path)
+    result = run_erpo(
+        "validate", "--config", str(path), "--ckpt_path", str(checkpoint), "--include_base", "true", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Avg@k (%) by temperature" in result.stdout and "problems/s" in result.stdout
 

@@ -14,7 +14,9 @@ def test_group_advantages_by_hand():
     grpo = obj.group_advantages(rewards, 4, "grpo")
     expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]) / torch.tensor([std + 1e-6] * 4 + [1.0] * 4)
     torch.testing.assert_close(grpo, expected)
-    torch.testing.assert_close(obj.group_advantages(rewards, 4, "dr_grpo"), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    torch.testing.assert_close(
+        obj.group_advantages(rewards, 4, "dr_grpo"), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+    )
     # leave-one-out: 1 - mean(0, 0, 1) = 2/3 ; 0 - mean(1, 0, 1) = -2/3
     torch.testing.assert_close(
         obj.group_advantages(rewards, 4, "rloo"), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0])
@@ -95,7 +97,9 @@ def test_micro_batches_with_global_normalizer_sum_to_full_batch_loss():
     per_token = torch.randn(8, 6)
     mask = (torch.rand(8, 6) > 0.4).float()
     full = obj.aggregate(per_token, mask, "token_mean")
-    parts = sum(obj.aggregate(per_token[i : i + 3], mask[i : i + 3], "token_mean", normalizer=mask.sum()) for i in (0, 3, 6))
+    parts = sum(
+        obj.aggregate(per_token[i : i + 3], mask[i : i + 3], "token_mean", normalizer=mask.sum()) for i in (0, 3, 6)
+    )
     torch.testing.assert_close(parts, full)
 
 
@@ -160,7 +164,9 @@ def test_query_kl_gradient_flows_only_through_query_logprobs(estimator):
     attention_mask = torch.ones(6, 9, dtype=torch.long)
     attention_mask[3:, :1] = 0  # second query's prompt is left-padded by one
     attention_mask[1, 7:] = 0  # a short response
-    query_lp, query_mask, response_lp, response_mask = obj.split_prompt_response(token_logprobs, attention_mask, prompt_length)
+    query_lp, query_mask, response_lp, response_mask = obj.split_prompt_response(
+        token_logprobs, attention_mask, prompt_length
+    )
     unique = slice(0, None, group_size)  # one row per query
     reference = query_lp[unique].detach() - 0.3
     loss = obj.query_kl(query_lp[unique], reference, query_mask[unique], estimator)

@@ -4,8 +4,9 @@ import json
 import shutil
 from pathlib import Path
 
-from erpo_lightning.toy import PretrainConfig, ToyConfig, ensure_toy_assets
 from test_cli import run_erpo
+
+from erpo_lightning.toy import PretrainConfig, ToyConfig, ensure_toy_assets
 
 REPO = Path(__file__).resolve().parents[1]
 # A toy build of seconds, not minutes: same task and files, far fewer pre-training steps (its accuracy is low).

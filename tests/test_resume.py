@@ -55,11 +55,17 @@ def test_resume_mid_epoch_continues_identically(tiny_model_path, benchmarks_dir,
     full_steps, full_weights = run(tiny_model_path, data_file, tmp_path / "full", 4, rollout_seed=rollout_seed)
     run(tiny_model_path, data_file, tmp_path / "part", max_steps=2, rollout_seed=rollout_seed)
     resumed_steps, resumed_weights = run(
-        tiny_model_path, data_file, tmp_path / "part", max_steps=4, ckpt_path=tmp_path / "part" / "ckpt" / "step=2.ckpt",
+        tiny_model_path,
+        data_file,
+        tmp_path / "part",
+        max_steps=4,
+        ckpt_path=tmp_path / "part" / "ckpt" / "step=2.ckpt",
         rollout_seed=rollout_seed,
     )
     assert [s[0] for s in resumed_steps] == [3, 4]
-    for (step, queries, rows, metrics), (r_step, r_queries, r_rows, r_metrics) in zip(full_steps[2:], resumed_steps):
+    for (step, queries, rows, metrics), (r_step, r_queries, r_rows, r_metrics) in zip(
+        full_steps[2:], resumed_steps, strict=True
+    ):
         assert (step, queries) == (r_step, r_queries)  # the same data position
         assert rows == r_rows  # the same sampled responses (seed counter, or the restored RNG state)
         for name in LOGGED:
@@ -75,8 +81,12 @@ def test_sampler_shares_global_batches_across_ranks_and_resumes():
 
     one_rank = list(QueryBatchSampler(10, 4, seed=3))
     ranks = [list(QueryBatchSampler(10, 2, seed=3, rank=r, world_size=2)) for r in (0, 1)]
-    assert [sorted(a + b) for a, b in zip(*ranks)] == [sorted(batch) for batch in one_rank]  # same global batches
-    assert [a[:1] + b[:1] for a, b in zip(*ranks)] == [batch[:2] for batch in one_rank]  # strided across ranks
+    assert [sorted(a + b) for a, b in zip(*ranks, strict=True)] == [
+        sorted(batch) for batch in one_rank
+    ]  # same global batches
+    assert [a[:1] + b[:1] for a, b in zip(*ranks, strict=True)] == [
+        batch[:2] for batch in one_rank
+    ]  # strided across ranks
     sampler = QueryBatchSampler(10, 2, seed=3)
     sampler.load_state_dict({"epoch": 0, "batches_done": 3})
     sampler.set_epoch(0)

@@ -41,9 +41,9 @@ def hostile_responses(marker: Path) -> list[str]:
         "\\boxed{\\sqrt[10^{10}]{10^{10^{10}}}}",
         "\\boxed{x^{10^{10}} - (x+1)^{10^{10}}}",
     ]
-    nesting = [
-        "\\boxed{" + "\\frac{1}{" * depth + "2" + "}" * depth + "}" for depth in (10, 30, 50, 80)
-    ] + ["\\boxed{" + "(" * depth + "1" + ")" * depth + "}" for depth in (50, 200)]
+    nesting = ["\\boxed{" + "\\frac{1}{" * depth + "2" + "}" * depth + "}" for depth in (10, 30, 50, 80)] + [
+        "\\boxed{" + "(" * depth + "1" + ")" * depth + "}" for depth in (50, 200)
+    ]
     big = [
         "a" * 1_000_000,
         "\\boxed{" + "1+" * 300_000 + "1}",
@@ -67,7 +67,10 @@ def hostile_responses(marker: Path) -> list[str]:
     payloads = [f"\\boxed{{{p}}}" for p in _payloads(marker)] + _payloads(marker)
     base = towers + nesting + big + broken + payloads
     wrappers = [
-        "{}", "Reasoning... The final answer is ${}$.", "<think>x</think> {}", "Answer: {}",
+        "{}",
+        "Reasoning... The final answer is ${}$.",
+        "<think>x</think> {}",
+        "Answer: {}",
         "Thus, we get \\[ {} \\] so x = 1.",
     ]
     small = [b for b in base if len(b) < 10_000]
@@ -106,8 +109,6 @@ def test_hostile_inputs_are_bounded_and_execute_nothing(reward, tmp_path):
 def test_payload_that_would_create_a_file_is_not_run(tmp_path):
     marker = tmp_path / "created"
     with MathReward(timeout_s=TIMEOUT_S, num_workers=0) as in_process:
-        scores = in_process(
-            [f"\\boxed{{{p}}}" for p in _payloads(marker)], ["0"] * len(_payloads(marker))
-        )
+        scores = in_process([f"\\boxed{{{p}}}" for p in _payloads(marker)], ["0"] * len(_payloads(marker)))
     assert scores == [0.0] * len(scores)
     assert not marker.exists()

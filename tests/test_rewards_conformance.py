@@ -16,7 +16,6 @@ BENCHMARKS = sorted((SHARED / "benchmarks").glob("*.jsonl"))
 CONVENTION_PREFIXES = ("convention", "extraction_policy", "config", "reasoning_tags")
 
 
-
 def _is_plain(case: dict) -> bool:
     return not any(tag.split(":")[0] in CONVENTION_PREFIXES for tag in case["tags"])
 
@@ -30,7 +29,7 @@ def reward():
 def test_peer_cases_agreement_and_no_plain_false_positive(reward):
     cases = [json.loads(line) for line in PEER_CASES.read_text().splitlines()]
     verdicts = reward.verdicts([c["pred"] for c in cases], [c["gold"] for c in cases])
-    agree = [v == c["expected"] for v, c in zip(verdicts, cases)]
+    agree = [v == c["expected"] for v, c in zip(verdicts, cases, strict=True)]
     plain = [i for i, c in enumerate(cases) if _is_plain(c)]
     plain_false_positives = [cases[i]["id"] for i in plain if verdicts[i] and not cases[i]["expected"]]
     print(f"peer cases: {sum(agree)}/{len(cases)}, plain {sum(agree[i] for i in plain)}/{len(plain)}")
@@ -45,6 +44,6 @@ def test_every_benchmark_gold_agrees_with_itself(reward):
     golds = [str(json.loads(line)["answer"]) for path in BENCHMARKS for line in path.read_text().splitlines()]
     responses = [f"Some reasoning. The final answer is $\\boxed{{{g}}}$." for g in golds]
     scores = reward(responses, golds)
-    failures = [g for g, s in zip(golds, scores) if s != 1.0]
+    failures = [g for g, s in zip(golds, scores, strict=True) if s != 1.0]
     assert len(golds) == 2836
     assert failures == []

@@ -45,9 +45,7 @@ def test_assemble_batch_matches_hand_built():
     # The first real prompt token has no context, so no log-prob: it is left out of the query mask.
     assert torch.equal(batch["query_mask"], torch.tensor([[0, 1, 1], [0, 1, 1], [0, 0, 0], [0, 0, 0]]))
     assert torch.equal(batch["response_mask"], torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]]))
-    expected_logprobs = torch.tensor(
-        [[-0.1, -0.2, 0.0], [-0.3, 0.0, 0.0], [-0.4, -0.5, -0.6], [-0.7, -0.8, 0.0]]
-    )
+    expected_logprobs = torch.tensor([[-0.1, -0.2, 0.0], [-0.3, 0.0, 0.0], [-0.4, -0.5, -0.6], [-0.7, -0.8, 0.0]])
     assert torch.equal(batch["sampling_logprobs"], expected_logprobs)
     assert torch.equal(batch["rewards"], torch.tensor([1.0, 0.0, 0.5, 0.25]))
     assert torch.equal(batch["group_index"], torch.tensor([0, 0, 1, 1]))

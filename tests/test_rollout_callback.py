@@ -37,7 +37,10 @@ class ParityReward:
 
     def __call__(self, responses: list[str], golds: list[str]) -> list[float]:
         self.calls += 1
-        return [float(gold == "parity" and sum(map(ord, text)) % 2 == 0) for text, gold in zip(responses, golds)]
+        return [
+            float(gold == "parity" and sum(map(ord, text)) % 2 == 0)
+            for text, gold in zip(responses, golds, strict=True)
+        ]
 
     def counters(self) -> dict[str, float]:
         return {"timeouts": 0.0}
@@ -99,8 +102,14 @@ def fit(path, engine, loader, steps: int, **callback_kwargs):
     module = PolicyModule(str(path))
     reward = ParityReward()
     callback = RolloutCallback(
-        engine, reward, group_size=GROUP_SIZE, temperature=TEMPERATURE, max_new_tokens=12, seed=0,
-        logprob_check_every=1, **callback_kwargs
+        engine,
+        reward,
+        group_size=GROUP_SIZE,
+        temperature=TEMPERATURE,
+        max_new_tokens=12,
+        seed=0,
+        logprob_check_every=1,
+        **callback_kwargs,
     )
     trainer = pl.Trainer(
         max_steps=steps,
@@ -188,4 +197,3 @@ def test_fit_with_vllm_engine_syncs_weights_every_step(tiny_model_path):
         stale = sequence_logprobs(original, last["input_ids"], last["attention_mask"], TEMPERATURE)
     diff = (stale[:, last["prompt_length"] :] - last["sampling_logprobs"]).abs()[last["response_mask"].bool()]
     assert diff.mean() > 1e-3
-

@@ -127,7 +127,6 @@ def test_same_seed_same_samples(engine, prompts):
     assert [[s.token_ids for s in g] for g in other] != [[s.token_ids for s in g] for g in first]
 
 
-
 def test_ranks_get_their_own_random_stream(engine, prompts):
     """Two ranks at the same rollout call, given the same prompts (the worst case), must not sample alike."""
     settings = SamplingSettings(n=3, temperature=1.0, max_new_tokens=16)

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.data.templates import render_prompt, tokenize_prompts
 from erpo_lightning.rewards import MathReward
+from erpo_lightning.rollout.engine import left_pad
 from erpo_lightning.tiny import build_byte_tokenizer
-from erpo_lightning.toy import assets as toy_assets
 from erpo_lightning.toy import (
     MAX_NEW_TOKENS,
     TOY_TEMPLATE_SUFFIX,
@@ -22,7 +22,7 @@ from erpo_lightning.toy import (
     make_problems,
     toy_template,
 )
-from erpo_lightning.rollout.engine import left_pad
+from erpo_lightning.toy import assets as toy_assets
 from erpo_lightning.toy.pretrain import IGNORE_INDEX, collate, encode_examples, pretrain, sample_correct
 from erpo_lightning.toy.task import NUM_PROBLEMS
 
@@ -34,7 +34,6 @@ SMALL = ToyConfig(
     eval_samples=2,
     pretrain=PretrainConfig(batch_size=16, max_steps=6, eval_every=3, warmup_steps=2, target_accuracy=2.0),
 )
-
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +81,7 @@ def test_training_sequences_are_the_rendered_prompt_then_solution_and_eos():
 
     examples = encode_examples(make_problems(3, seed=1), tokenizer)
     input_ids, labels = collate(examples, tokenizer.pad_token_id)
-    for row_ids, row_labels, (ids, prompt_length) in zip(input_ids, labels, examples):
+    for row_ids, row_labels, (ids, prompt_length) in zip(input_ids, labels, examples, strict=True):
         assert row_ids[: len(ids)].tolist() == ids
         assert (row_labels[:prompt_length] == IGNORE_INDEX).all() and (row_labels[len(ids) :] == IGNORE_INDEX).all()
         assert row_labels[prompt_length : len(ids)].tolist() == ids[prompt_length:]
@@ -167,9 +166,21 @@ def test_partial_stale_or_forced_builds_are_redone(tmp_path, monkeypatch):
         (directory / "model").mkdir()
         for name in ("model/config.json", "model/model.safetensors", "train.jsonl", "test.jsonl"):
             (directory / name).write_text("{}")
-        manifest = {"name": toy_assets.TOY_NAME, "config": config.to_dict(), "metrics": dict.fromkeys(
-            ("params", "steps", "seconds", "test_greedy_accuracy", "test_pass@1", f"test_pass@{config.eval_samples}"),
-            0)}
+        manifest = {
+            "name": toy_assets.TOY_NAME,
+            "config": config.to_dict(),
+            "metrics": dict.fromkeys(
+                (
+                    "params",
+                    "steps",
+                    "seconds",
+                    "test_greedy_accuracy",
+                    "test_pass@1",
+                    f"test_pass@{config.eval_samples}",
+                ),
+                0,
+            ),
+        }
         (directory / "manifest.json").write_text(json.dumps(manifest))
         return manifest
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from test_quickstart import QUICK_TOY
 
 from erpo_lightning.toy import ensure_toy_assets
-from test_quickstart import QUICK_TOY
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("grpo", "grpo + w(q)", "grpo + Query-KL", "erpo", "grpo_kl")

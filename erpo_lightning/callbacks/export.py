@@ -51,7 +51,10 @@ class HFExportCallback(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # Several optimizer steps may pass per batch (manual optimization): export when a multiple was crossed.
         step = trainer.global_step
-        if self.every_n_steps > 0 and step // self.every_n_steps > max(self._last_exported_step, 0) // self.every_n_steps:
+        if (
+            self.every_n_steps > 0
+            and step // self.every_n_steps > max(self._last_exported_step, 0) // self.every_n_steps
+        ):
             self._export(trainer, pl_module, self._directory(trainer) / f"step_{step}")
 
     def on_train_end(self, trainer, pl_module) -> None:

@@ -8,9 +8,10 @@ under `rollout/`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from time import perf_counter
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -168,9 +169,7 @@ class RolloutCallback(pl.Callback):
         self._calls = state_dict["calls"]
         self._steps = state_dict["steps"]
 
-    def _collect_groups(
-        self, trainer: pl.Trainer, batch: dict[str, Any]
-    ) -> tuple[list[_Group], list[_Group], int]:
+    def _collect_groups(self, trainer: pl.Trainer, batch: dict[str, Any]) -> tuple[list[_Group], list[_Group], int]:
         """The B groups to train on, every group generated this step, and the number of refill rounds."""
         groups = self._generate_groups(batch)
         if not self.dynamic_sampling:

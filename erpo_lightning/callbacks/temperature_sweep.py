@@ -101,14 +101,20 @@ class TemperatureSweepCallback(pl.Callback):
         counters = getattr(rollout.reward, "counters", dict)
         counters()  # what the rollout graded since its last log is not the sweep's
         max_new_tokens = self.sweep.max_new_tokens or rollout.settings.max_new_tokens
-        timing = runner.run(self.benchmarks, self.sweep, self.metric, max_new_tokens, trainer.global_rank, trainer.world_size)
+        timing = runner.run(
+            self.benchmarks, self.sweep, self.metric, max_new_tokens, trainer.global_rank, trainer.world_size
+        )
         engine.sleep()
         values = self.metric.compute()
         self.metric.reset()
         if self.train_sample_size > 0:
-            groups = [temperature_label(t) for t in self.sweep.temperatures] + list(temperature_groups(self.sweep.temperatures))
+            groups = [temperature_label(t) for t in self.sweep.temperatures] + list(
+                temperature_groups(self.sweep.temperatures)
+            )
             for group in groups:
-                gap = values[metric_name("val", "avg@k", TRAIN, group)] - values[metric_name("val", "avg@k", MEAN, group)]
+                gap = (
+                    values[metric_name("val", "avg@k", TRAIN, group)] - values[metric_name("val", "avg@k", MEAN, group)]
+                )
                 values["train_eval_gap" if group == "all" else f"train_eval_gap/{group}"] = gap
         values["val/problems_per_s"] = torch.tensor(timing.summary()["problems_per_s"])
         values.update({f"val/grader_{key}": torch.tensor(float(value)) for key, value in counters().items()})
@@ -151,7 +157,9 @@ def log_outside_step(trainer: pl.Trainer, values: dict[str, torch.Tensor]) -> No
         logger.log_metrics({name: float(value) for name, value in values.items()}, step=trainer.global_step)
 
 
-def print_sweep_summary(history: list[tuple[int, dict[str, float]]], query_kl: float | None, log_dir: str | None) -> None:
+def print_sweep_summary(
+    history: list[tuple[int, dict[str, float]]], query_kl: float | None, log_dir: str | None
+) -> None:
     """A table of every Avg@k / Pass@k value at the first and the last sweep, and the final Query-KL."""
     if not history:
         return
@@ -160,7 +168,9 @@ def print_sweep_summary(history: list[tuple[int, dict[str, float]]], query_kl: f
     for column in ("metric", f"step {first_step}", f"step {last_step}", "change"):
         table.add_column(column, justify="left" if column == "metric" else "right")
     # Per benchmark and temperature; Pass@1 is left out (it equals Avg@k when every problem has k samples).
-    names = [n for n in last if n in first and "/T=" in n and "/mean/" not in n and n.split("/")[1] in ("avg@k", "pass@k")]
+    names = [
+        n for n in last if n in first and "/T=" in n and "/mean/" not in n and n.split("/")[1] in ("avg@k", "pass@k")
+    ]
     for name in names:
         change = 100 * (last[name] - first[name])
         table.add_row(name, f"{100 * first[name]:.1f}%", f"{100 * last[name]:.1f}%", f"{change:+.1f} pts")
@@ -169,5 +179,11 @@ def print_sweep_summary(history: list[tuple[int, dict[str, float]]], query_kl: f
     if query_kl is not None:
         console.print(f"final Query-KL(ρθ ‖ ρθ0): {query_kl:.3g}")
     if log_dir is not None:
-        summary = {"first_step": first_step, "last_step": last_step, "before": first, "after": last, "query_kl": query_kl}
+        summary = {
+            "first_step": first_step,
+            "last_step": last_step,
+            "before": first,
+            "after": last,
+            "query_kl": query_kl,
+        }
         (Path(log_dir) / "sweep_summary.json").write_text(json.dumps(summary, indent=2))

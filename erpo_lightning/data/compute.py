@@ -145,7 +145,7 @@ def _score_chunk(model, prompts, lengths: list[int], chunk: list[int], settings:
     score = score_batch if isinstance(model, torch.nn.Module) else vllm_score_batch
     rows: dict[int, torch.Tensor] = {}
     for batch in plan_batches(chunk, lengths, settings):
-        rows.update(zip(batch, score(model, [prompts[i] for i in batch])))
+        rows.update(zip(batch, score(model, [prompts[i] for i in batch]), strict=True))
         on_batch(sum(lengths[i] for i in batch))
     return _shard(chunk, [lengths[i] for i in chunk], torch.cat([rows[i] for i in chunk]))
 

@@ -139,9 +139,7 @@ def read_rows(spec: SourceSpec) -> datasets.Dataset:
             text = datasets.Features({column: datasets.Value("string") for column in table.column_names})
             table = datasets.load_dataset("csv", data_files=str(path), split="train", features=text)
     else:
-        table = datasets.load_dataset(
-            spec.hub_id, spec.config, split=spec.split or "train", data_files=spec.data_files
-        )
+        table = datasets.load_dataset(spec.hub_id, spec.config, split=spec.split or "train", data_files=spec.data_files)
     if spec.limit is not None:
         table = table.select(range(min(spec.limit, len(table))))
     return table

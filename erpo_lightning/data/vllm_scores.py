@@ -49,7 +49,7 @@ def vllm_score_batch(llm, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompts], params, use_tqdm=False)
     rows = []
-    for ids, output in zip(prompts, outputs):
+    for ids, output in zip(prompts, outputs, strict=True):
         # prompt_logprobs[t] maps token ids (the prompt's own token t among them) to Logprob; entry 0 is None.
         values = [0.0] + [output.prompt_logprobs[t][token].logprob for t, token in enumerate(ids) if t > 0]
         rows.append(torch.tensor(values, dtype=torch.float32))

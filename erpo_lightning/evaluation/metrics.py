@@ -122,7 +122,7 @@ class SweepMetric(Metric):
         for stat, table in cells.items():
             for group, columns in groups.items():
                 per_benchmark = table[:, columns].mean(dim=1)  # [B]
-                for label, value in zip(self.benchmarks, per_benchmark):
+                for label, value in zip(self.benchmarks, per_benchmark, strict=True):
                     values[metric_name(self.prefix, stat, label, group)] = value.float()
                 values[metric_name(self.prefix, stat, MEAN, group)] = per_benchmark[self.mean_over].mean().float()
         return values

@@ -17,8 +17,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich import box  # noqa: E402
+from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from erpo_lightning.evaluation.metrics import ALL, HIGH, LOW, MEAN, STATS, metric_name, temperature_label  # noqa: E402
@@ -74,7 +74,11 @@ def print_tables(rows: list[dict[str, Any]], console: Console | None = None) -> 
     for name in (["run"] if several else []) + ["benchmark", "k", "problems"] + groups:
         accuracy.add_column(name, justify="left" if name in ("run", "benchmark") else "right")
     passes = Table(title="Pass@1 / Pass@k (%)", box=box.SIMPLE_HEAD)
-    for name in (["run"] if several else []) + ["benchmark", "pass@k k"] + [f"{s} {g}" for g in split for s in ("pass@1", "pass@k")]:
+    for name in (
+        (["run"] if several else [])
+        + ["benchmark", "pass@k k"]
+        + [f"{s} {g}" for g in split for s in ("pass@1", "pass@k")]
+    ):
         passes.add_column(name, justify="left" if name in ("run", "benchmark") else "right")
     for run, benchmark in keys:
         first = cell[(run, benchmark, groups[0])]
@@ -122,9 +126,9 @@ def plot_accuracy(path: Path, rows: list[dict[str, Any]]) -> Path:
     points = [r for r in rows if r["temperature"] not in (LOW, HIGH, ALL)]
     runs = list(dict.fromkeys(r["run"] for r in points))
     benchmarks = [b for b in dict.fromkeys(r["benchmark"] for r in points) if b != MEAN]
-    colours = dict(zip(benchmarks, plt.get_cmap("tab10").colors * 3))
+    colours = dict(zip(benchmarks, plt.get_cmap("tab10").colors * 3, strict=False))
     # Distinct markers keep benchmarks apart where their lines coincide (e.g. all at 0% for a weak model).
-    markers = dict(zip(benchmarks, "osD^vP*Xph" * 3))
+    markers = dict(zip(benchmarks, "osD^vP*Xph" * 3, strict=False))
     styles = ["-", "--", ":", "-."]
     figure, axes = plt.subplots(figsize=(10, 5))
     temperatures = sorted({float(r["temperature"]) for r in points})
@@ -136,7 +140,7 @@ def plot_accuracy(path: Path, rows: list[dict[str, Any]]) -> Path:
                           if p["run"] == run and p["benchmark"] == benchmark)  # fmt: skip
             label = benchmark if len(runs) == 1 else f"{benchmark} ({run})"
             mean = benchmark == MEAN
-            axes.plot(*zip(*line), marker="." if mean else markers[benchmark], markersize=4 if mean else 7,
+            axes.plot(*zip(*line, strict=True), marker="." if mean else markers[benchmark], markersize=4 if mean else 7,
                       fillstyle="full" if mean else "none", linestyle=styles[r % len(styles)],
                       color="black" if mean else colours[benchmark], linewidth=2.2 if mean else 1.4,
                       zorder=3 if mean else 2, label=label)  # fmt: skip

@@ -121,7 +121,9 @@ def prepare_benchmarks(
         pass_k = benchmark.pass_k or benchmark.k
         if not 1 <= pass_k <= benchmark.k:
             raise DataError(f"benchmark {label!r}: pass_k={pass_k} must be between 1 and k={benchmark.k}")
-        prepared.append(PreparedBenchmark(label, benchmark.k, pass_k, data.prompt_ids, [q.answer for q in data.queries]))
+        prepared.append(
+            PreparedBenchmark(label, benchmark.k, pass_k, data.prompt_ids, [q.answer for q in data.queries])
+        )
     labels = [b.label for b in prepared]
     if len(set(labels)) != len(labels):
         raise DataError(f"two benchmarks share a label in {labels}: give them distinct `source.label`s")

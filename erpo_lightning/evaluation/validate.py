@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 
 from erpo_lightning.evaluation.metrics import SweepMetric
-from erpo_lightning.evaluation.report import SweepRun, plot_accuracy, print_tables, result_rows, write_results, PLOT_PNG
+from erpo_lightning.evaluation.report import PLOT_PNG, SweepRun, plot_accuracy, print_tables, result_rows, write_results
 from erpo_lightning.evaluation.sweep import SweepConfig, SweepRunner, find_rollout, prepare_benchmarks, prompt_settings
 from erpo_lightning.modules.sharding import is_sharded_checkpoint, load_sharded_policy
 

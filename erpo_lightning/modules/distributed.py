@@ -19,7 +19,9 @@ def _single_process(trainer: L.Trainer | None) -> bool:
     return trainer is None or trainer.world_size == 1
 
 
-def all_reduce(trainer: L.Trainer | None, value: torch.Tensor | float, reduce_op: str, device: torch.device) -> torch.Tensor:
+def all_reduce(
+    trainer: L.Trainer | None, value: torch.Tensor | float, reduce_op: str, device: torch.device
+) -> torch.Tensor:
     """`value` (any shape) reduced over all ranks with `reduce_op` ("sum", "max"), as float32 on `device`."""
     value = torch.as_tensor(value, dtype=torch.float32, device=device).clone()  # reduced in place
     if _single_process(trainer):

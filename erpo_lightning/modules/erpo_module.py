@@ -122,7 +122,12 @@ class ERPOModule(L.LightningModule):
         self.consecutive_skips = 0
         self.train_metrics = torch.nn.ModuleDict({name: MaskedMean() for name in TRAIN_METRICS})
         self.train_metrics.update(
-            {"query_kl": QueryKL(), "policy_kl": PolicyKL(), "query_weight_min": MinMetric(), "query_weight_max": MaxMetric()}
+            {
+                "query_kl": QueryKL(),
+                "policy_kl": PolicyKL(),
+                "query_weight_min": MinMetric(),
+                "query_weight_max": MaxMetric(),
+            }
         )
 
     # ----------------------------------------------------------------------------------------------- model set-up
@@ -289,7 +294,9 @@ class ERPOModule(L.LightningModule):
         if self.reference_policy is not None:
             with torch.no_grad():
                 ref_token_logprobs, _ = self._token_logprobs(self.reference_policy, micro)
-            per_token_kl = obj.kl_penalty(response_lp, ref_token_logprobs[:, micro["prompt_length"] :], algorithm.policy_kl_kind)
+            per_token_kl = obj.kl_penalty(
+                response_lp, ref_token_logprobs[:, micro["prompt_length"] :], algorithm.policy_kl_kind
+            )
             policy_kl = obj.aggregate(per_token_kl, response_mask, "token_mean", normalizer=normalizers["tokens"])
             loss = loss + algorithm.policy_kl_coef * policy_kl
             parts["policy_kl"] = per_token_kl.detach()
@@ -352,7 +359,7 @@ class ERPOModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
 
     def clip_gradients_norm(self) -> torch.Tensor:
-        """Clip the global gradient norm (across ranks and shards) to `gradient_clip_norm`; return it before clipping."""
+        """Clip the global gradient norm (across ranks and shards) to `gradient_clip_norm`; return the norm before."""
         parameters = [p for p in self.policy.parameters() if p.grad is not None]
         return clip_grad_norm(parameters, self.hparams.gradient_clip_norm)
 

@@ -130,7 +130,7 @@ class AnswerComparer:
         same_shape = len(kinds) == 1 or ("vector" in kinds and bool(kinds & _VECTOR_SHAPES))
         if not same_shape or len(gold.items) != len(pred.items):
             return False
-        return all(self.nodes(g, p) for g, p in zip(gold.items, pred.items))
+        return all(self.nodes(g, p) for g, p in zip(gold.items, pred.items, strict=True))
 
     def _unordered(self, gold: tuple[Node, ...], pred: tuple[Node, ...]) -> bool:
         gold_left = list({_key(n): n for n in gold}.values())

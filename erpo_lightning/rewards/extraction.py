@@ -58,7 +58,7 @@ def strip_reasoning(text: str) -> str:
         text = text.rsplit(_THINK_CLOSE, 1)[1]
     text = text.lstrip()
     while (lead := _CHAT_TOKEN.match(text)) is not None:
-        text = text[lead.end():].lstrip()
+        text = text[lead.end() :].lstrip()
     end = _CHAT_TOKEN.search(text)
     return text[: end.start()] if end else text
 
@@ -87,7 +87,7 @@ def find_boxes(text: str) -> list[tuple[int, int, str | None]]:
         if close is None:
             boxes.append((m.start(), len(text), None))
             break  # an unterminated box swallows the rest of the text
-        boxes.append((m.start(), close + 1, text[m.end(): close]))
+        boxes.append((m.start(), close + 1, text[m.end() : close]))
     return boxes
 
 
@@ -120,7 +120,7 @@ def _from_markers(text: str, fallbacks: Sequence[str]) -> str | None:
         last = conclusions[-1] if conclusions else None
     if last is None:
         return None
-    return reduce_to_answer(sentence_prefix(text[last.end():]))
+    return reduce_to_answer(sentence_prefix(text[last.end() :]))
 
 
 def _unknown_fallbacks(fallbacks: Sequence[str]) -> list[str]:
@@ -146,7 +146,7 @@ def extract_answer(
     if boxes:
         # An explicit answer marker written after the last box restates the final answer.
         markers = [f for f in fallbacks if f != "conclusion"]
-        restated = _from_markers(text[boxes[-1][1]:], markers)
+        restated = _from_markers(text[boxes[-1][1] :], markers)
         if restated and any(c.isdigit() or c == "\\" for c in restated):
             return restated
         group = _last_box_group(text, boxes)

@@ -12,8 +12,7 @@ from erpo_lightning.rewards.extraction import BARE_MAX_CHARS, DEFAULT_FALLBACKS,
 from erpo_lightning.rewards.numbers import DEFAULT_REL_TOL
 from erpo_lightning.rewards.pool import Outcome, VerifierPool
 
-_COUNTER_NAMES = ("items", "correct", "extraction_failures", "parse_failures", "timeouts",
-                  "worker_errors", "symbolic")
+_COUNTER_NAMES = ("items", "correct", "extraction_failures", "parse_failures", "timeouts", "worker_errors", "symbolic")
 
 
 @lru_cache(maxsize=4096)
@@ -60,10 +59,7 @@ class MathReward:
 
     def __call__(self, responses: list[str], golds: list[str]) -> list[float]:
         """One reward per ``(response, gold)`` pair."""
-        return [
-            self.correct_reward if ok else self.incorrect_reward
-            for ok in self.verdicts(responses, golds)
-        ]
+        return [self.correct_reward if ok else self.incorrect_reward for ok in self.verdicts(responses, golds)]
 
     def verdicts(self, responses: list[str], golds: list[str]) -> list[bool]:
         """Whether each response's final answer equals its gold answer."""
@@ -72,7 +68,7 @@ class MathReward:
         cheap = AnswerComparer(None, self.rel_tol)
         verdicts: list[bool] = [False] * len(responses)
         undecided: list[tuple[int, tuple[str, str]]] = []
-        for i, (response, gold) in enumerate(zip(responses, golds)):
+        for i, (response, gold) in enumerate(zip(responses, golds, strict=True)):
             answer = extract_answer(response, self.fallbacks, self.bare_max_chars)
             if answer is None:
                 self._counts["extraction_failures"] += 1
@@ -82,7 +78,7 @@ class MathReward:
                 verdicts[i] = cheap.equal(*pair)
             except NeedsSymbolic:
                 undecided.append((i, pair))
-        for (i, _), outcome in zip(undecided, self._verify_symbolic([p for _, p in undecided])):
+        for (i, _), outcome in zip(undecided, self._verify_symbolic([p for _, p in undecided]), strict=True):
             verdicts[i] = outcome.equal
             self._counts["parse_failures"] += min(outcome.parse_failures, 1)
             self._counts["timeouts"] += outcome.timed_out
@@ -99,7 +95,10 @@ class MathReward:
             return [self._verify_in_process(pair) for pair in pairs]
         if self._pool is None:
             self._pool = VerifierPool(
-                self.num_workers, self.timeout_s, self.rel_tol, self.start_method,
+                self.num_workers,
+                self.timeout_s,
+                self.rel_tol,
+                self.start_method,
                 self.worker_memory_mb,
             )
             weakref.finalize(self, self._pool.close)

@@ -44,9 +44,7 @@ _TEXT_WRAPPER = re.compile(
     r"\\(?:text|textbf|textit|textnormal|textrm|mathrm|mathbf|mathit|mathcal|mathsf|mbox|rm)"
     r"\s*\{([^{}]*)\}"
 )
-_TEXT_UNIT = re.compile(
-    r"\s*\\(?:text|textnormal|textrm|mathrm|mbox)\s*\{[^{}\d]*\}\s*(?:\^\s*\{?\d\}?)?$"
-)
+_TEXT_UNIT = re.compile(r"\s*\\(?:text|textnormal|textrm|mathrm|mbox)\s*\{[^{}\d]*\}\s*(?:\^\s*\{?\d\}?)?$")
 _WORD_UNIT = re.compile(r"(?<=\d)(?:\s+[A-Za-z]{2,}|\s*[A-Za-z]{3,})(?:\s+[A-Za-z]+)*(?:\^\s*\{?\d\}?)?$")
 _PERCENT = re.compile(r"\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", re.IGNORECASE)
 _DEGREE = re.compile(r"\s*°\s*$")

@@ -16,9 +16,7 @@ DEFAULT_REL_TOL = 1e-6
 
 _DECIMAL = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
 _PLAIN = re.compile(rf"({_DECIMAL})(?:[eE]([+-]?\d+))?")
-_SCIENTIFIC = re.compile(
-    rf"({_DECIMAL})\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?"
-)
+_SCIENTIFIC = re.compile(rf"({_DECIMAL})\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?")
 _POWER_OF_TEN = re.compile(r"10\s*\^\s*\{?\s*([+-]?\d+)\s*\}?")
 _LATEX_FRACTION = re.compile(rf"([+-]?)\\frac\{{\s*({_DECIMAL})\s*\}}\{{\s*({_DECIMAL})\s*\}}")
 _SLASH_FRACTION = re.compile(rf"({_DECIMAL})\s*/\s*({_DECIMAL})")

@@ -62,9 +62,7 @@ def _worker_main(conn: Connection, rel_tol: float, memory_mb: int) -> None:
 class _Worker:
     def __init__(self, ctx: mp.context.BaseContext, rel_tol: float, memory_mb: int) -> None:
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_worker_main, args=(child, rel_tol, memory_mb), daemon=True
-        )
+        self.process = ctx.Process(target=_worker_main, args=(child, rel_tol, memory_mb), daemon=True)
         self.process.start()
         child.close()
         self.ready = False

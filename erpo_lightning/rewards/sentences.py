@@ -12,7 +12,7 @@ _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[^{}]*\}")
 _IS = re.compile(r"\s(?:is|are|equals|=)\s", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?(?:\s*(?:\\?%|percent))?")
-_DECORATION = " \t\n*\"`,;:"
+_DECORATION = ' \t\n*"`,;:'
 
 
 def sentence_prefix(text: str) -> str:
@@ -63,7 +63,7 @@ def reduce_to_answer(sentence: str, allow_number: bool = True) -> str | None:
     while text and _is_prose(text):
         outside = _MATH_SPAN.sub(lambda m: "\0" * len(m.group()), text)
         tails = list(_IS.finditer(outside))
-        tail = _strip_decoration(text[tails[-1].end():]) if tails else ""
+        tail = _strip_decoration(text[tails[-1].end() :]) if tails else ""
         if not tail or not _has_value(tail):
             break
         text = tail

@@ -18,9 +18,7 @@ _TOKEN = re.compile(
 )
 _OPEN = {"(", "[", "{", "\\{"}
 _CLOSE = {")", "]", "}", "\\}"}
-_MATRIX = re.compile(
-    r"\\begin\{([pbvBV]?matrix|array|smallmatrix)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.DOTALL
-)
+_MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array|smallmatrix)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.DOTALL)
 _PLUS_MINUS = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
 _MAX_ITEMS = 200
 
@@ -48,7 +46,7 @@ def split_top(text: str, separators: frozenset[str]) -> list[str]:
         elif token in _CLOSE or token.startswith("\\end"):
             depth = max(depth - 1, 0)
         elif depth == 0 and token in separators:
-            parts.append(text[start: m.start()])
+            parts.append(text[start : m.start()])
             start = m.end()
     parts.append(text[start:])
     return [p.strip() for p in parts]
@@ -117,9 +115,11 @@ def parse_answer(text: str) -> Node:
     groups = split_top(text, frozenset({";"}))
     if len(groups) > 1:
         nodes = [
-            Seq("()", tuple(map(parse_item, parts)), g) if len(parts := _items(g, _LIST_SEPARATORS)) > 1
+            Seq("()", tuple(map(parse_item, parts)), g)
+            if len(parts := _items(g, _LIST_SEPARATORS)) > 1
             else parse_item(g)
-            for g in groups if g
+            for g in groups
+            if g
         ]
     else:
         nodes = [parse_item(item) for item in _items(text, _LIST_SEPARATORS)]

@@ -57,7 +57,7 @@ def _max_nesting(text: str) -> int:
 def _has_power_tower(text: str) -> bool:
     """``a^{b^{c^{d}}}``, or ``a^{b^{c}}`` with a literal of 4 or more inside (``10^{10^{10}}``)."""
     for m in re.finditer(r"\^\s*\{", text):
-        exponent = text[m.end(): _group_end(text, m.end() - 1)]
+        exponent = text[m.end() : _group_end(text, m.end() - 1)]
         powers = exponent.count("^")
         if powers >= 2 or (powers and any(int(n) >= 4 for n in _INTEGER.findall(exponent)[:50])):
             return True

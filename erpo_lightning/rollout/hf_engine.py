@@ -7,8 +7,8 @@ keeps the log-softmax of the scores the token was actually sampled from.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from transformers import (

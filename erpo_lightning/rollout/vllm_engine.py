@@ -7,7 +7,8 @@ model directly and weights stream from the training module one tensor at a time.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -215,5 +216,5 @@ class VLLMEngine:
 
 def _to_sample(completion: Any) -> Sample:
     token_ids = list(completion.token_ids)
-    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
+    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
     return Sample(token_ids, logprobs, "length" if completion.finish_reason == "length" else "stop")

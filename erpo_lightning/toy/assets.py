@@ -84,8 +84,12 @@ def _completed(root: Path, config: ToyConfig) -> ToyAssets | None:
     if manifest.get("name") != TOY_NAME or manifest.get("config") != config.to_dict():
         return None
     assets = _assets(root, manifest)
-    paths = (assets.model_dir / "config.json", assets.model_dir / "model.safetensors", assets.train_file,
-             assets.test_file)
+    paths = (
+        assets.model_dir / "config.json",
+        assets.model_dir / "model.safetensors",
+        assets.train_file,
+        assets.test_file,
+    )
     return assets if all(path.is_file() for path in paths) else None
 
 
@@ -108,8 +112,15 @@ def build_toy_assets(directory: Path, config: ToyConfig, console: Console) -> di
     test, val, train = rows[: config.num_test], rows[config.num_test : val_end], rows[val_end:]
 
     tokenizer = build_byte_tokenizer()
-    progress = Progress(TextColumn("pre-training toy model"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console, transient=True)
+    progress = Progress(
+        TextColumn("pre-training toy model"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
     task = progress.add_task("", total=settings.max_steps, status="")
     accuracy_text = ""
 
@@ -125,8 +136,7 @@ def build_toy_assets(directory: Path, config: ToyConfig, console: Console) -> di
     with progress:
         result = pretrain(tokenizer, train, val, settings, grader, on_step)
     greedy = sample_correct(result.model, tokenizer, test, grader, temperature=0.0)
-    sampled = sample_correct(result.model, tokenizer, test, grader, num_samples=config.eval_samples,
-                             seed=settings.seed)
+    sampled = sample_correct(result.model, tokenizer, test, grader, num_samples=config.eval_samples, seed=settings.seed)
 
     model_dir = directory / "model"
     result.model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -144,8 +154,13 @@ def build_toy_assets(directory: Path, config: ToyConfig, console: Console) -> di
         "test_pass@1": round(sampled.float().mean().item(), 4),
         f"test_pass@{config.eval_samples}": round(sampled.any(dim=1).float().mean().item(), 4),
     }
-    manifest = {"name": TOY_NAME, "config": config.to_dict(), "template_suffix": TOY_TEMPLATE_SUFFIX,
-                "max_new_tokens": MAX_NEW_TOKENS, "metrics": metrics}
+    manifest = {
+        "name": TOY_NAME,
+        "config": config.to_dict(),
+        "template_suffix": TOY_TEMPLATE_SUFFIX,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "metrics": metrics,
+    }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -155,8 +170,9 @@ def _replace_directory(built: Path, root: Path) -> None:
     if root.exists():
         foreign = {entry.name for entry in root.iterdir()} - BUILD_ENTRIES
         if foreign:
-            raise FileExistsError(f"{root} holds files a toy build did not write ({sorted(foreign)}); "
-                                  "choose another root or empty it")
+            raise FileExistsError(
+                f"{root} holds files a toy build did not write ({sorted(foreign)}); choose another root or empty it"
+            )
         shutil.rmtree(root)
     os.replace(built, root)
 

@@ -66,8 +66,10 @@ def encode_examples(rows: list[dict], tokenizer: PreTrainedTokenizerFast) -> lis
     """`(ids, prompt_length)` per row: the rendered prompt, then the solution and eos, as one token sequence."""
     prompts = tokenize_prompts(toy_template(), [row["problem"] for row in rows], tokenizer)
     solutions = tokenizer([row["solution"] for row in rows], add_special_tokens=False)["input_ids"]
-    return [(prompt + list(solution) + [tokenizer.eos_token_id], len(prompt))
-            for prompt, solution in zip(prompts, solutions)]
+    return [
+        (prompt + list(solution) + [tokenizer.eos_token_id], len(prompt))
+        for prompt, solution in zip(prompts, solutions, strict=True)
+    ]
 
 
 def collate(examples: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,7 +182,9 @@ def pretrain(
         step += 1
         accuracy = None
         if step % config.eval_every == 0:
-            accuracy = sample_correct(model, tokenizer, eval_rows, grader, seed=config.seed + step).float().mean().item()
+            accuracy = (
+                sample_correct(model, tokenizer, eval_rows, grader, seed=config.seed + step).float().mean().item()
+            )
         if on_step is not None:
             on_step(step, losses[-1], accuracy)
         if accuracy is not None and accuracy >= config.target_accuracy:

@@ -34,12 +34,14 @@ def _all_problems() -> list[dict]:
         answer = _apply(first, op2, c)
         if first < 0 or answer < 0:
             continue
-        rows.append({
-            "id": f"arith-{a}{op1}{b}{op2}{c}",
-            "problem": f"Compute {a} {op1} {b} {op2} {c}.",
-            "answer": str(answer),
-            "solution": f"{a} {op1} {b} = {first}. {first} {op2} {c} = {answer}. \\boxed{{{answer}}}",
-        })
+        rows.append(
+            {
+                "id": f"arith-{a}{op1}{b}{op2}{c}",
+                "problem": f"Compute {a} {op1} {b} {op2} {c}.",
+                "answer": str(answer),
+                "solution": f"{a} {op1} {b} = {first}. {first} {op2} {c} = {answer}. \\boxed{{{answer}}}",
+            }
+        )
     return rows
 
 
