@@ -28,9 +28,8 @@ import torch
 
 from erpo_lightning.data import QueryDataModule, compute_reference_scores, load_reference_model
 from erpo_lightning.data.compute import plan_batches, plan_chunks, right_padded, score_batch
+from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.tiny import save_tiny_model
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 
 
 def synchronize(device: torch.device) -> None:
@@ -83,7 +82,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="layers of the built tiny model")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--benchmarks", default=str(BENCHMARKS), help="directory holding gsm8k.jsonl, math500.jsonl")
+    parser.add_argument("--benchmarks", default=str(BENCHMARK_DIR), help="directory holding gsm8k.jsonl, math500.jsonl")
     parser.add_argument("--template", default="qwen25-math-cot")
     parser.add_argument("--max-prompt-length", type=int, default=1024)
     parser.add_argument("--max-tokens", type=int, default=16384, help="padded tokens per forward batch")

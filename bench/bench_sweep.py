@@ -21,12 +21,11 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carri
 import torch  # noqa: E402
 
 from erpo_lightning.data import resolve_template  # noqa: E402
+from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.evaluation import Benchmark, SweepConfig, SweepMetric, SweepRunner, prepare_benchmarks  # noqa: E402
 from erpo_lightning.rewards import MathReward  # noqa: E402
 from erpo_lightning.rollout import HFEngine, VLLMEngine  # noqa: E402
 from erpo_lightning.tiny import build_byte_tokenizer, load_tiny_model, save_tiny_model  # noqa: E402
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 
 
 def main() -> None:
@@ -43,7 +42,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = build_byte_tokenizer()
     config = SweepConfig(
-        benchmarks=[Benchmark({"path": str(BENCHMARKS / f"{name}.jsonl")}, k=args.k) for name in args.benchmarks],
+        benchmarks=[Benchmark({"path": str(BENCHMARK_DIR / f"{name}.jsonl")}, k=args.k) for name in args.benchmarks],
         temperatures=args.temperatures, max_problems=args.problems, batch_size=args.batch_size, progress=False,
     )  # fmt: skip
     # The tiny model has 1024 positions: prompt + response must fit.

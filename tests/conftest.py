@@ -1,12 +1,11 @@
-"""Shared fixtures: a tiny Qwen2 model built locally (no hub) and the offline benchmark files."""
+"""Shared fixtures: a tiny Qwen2 model built locally (no hub) and the packaged benchmark files."""
 
 from pathlib import Path
 
 import pytest
 
+from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.tiny import load_tiny_model, save_tiny_model
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +21,5 @@ def tiny_model(tiny_model_path):
 
 @pytest.fixture(scope="session")
 def benchmarks_dir() -> Path:
-    path = SHARED_DATA / "benchmarks"
-    assert path.is_dir(), f"offline benchmark files not found at {path} (../shared beside the checkout)"
-    return path
+    """The benchmark files packaged with erpo_lightning (erpo_lightning/benchmarks)."""
+    return BENCHMARK_DIR

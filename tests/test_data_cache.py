@@ -18,14 +18,14 @@ from erpo_lightning.data import (
     score_shard,
 )
 from erpo_lightning.data.compute import plan_batches, plan_chunks
+from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.objectives import batch_query_weights, query_weights, split_prompt_response
 from erpo_lightning.scoring import sequence_logprobs
 from erpo_lightning.tiny import load_tiny_model, save_tiny_model
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 SOURCES = [
-    {"path": str(BENCHMARKS / "gsm8k.jsonl"), "limit": 12},
-    {"path": str(BENCHMARKS / "math500.jsonl"), "limit": 12},
+    {"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 12},
+    {"path": str(BENCHMARK_DIR / "math500.jsonl"), "limit": 12},
 ]
 SMALL_BATCHES = ScoreSettings(max_tokens=2048, max_batch_size=4, chunk_size=5)
 

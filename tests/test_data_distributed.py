@@ -11,10 +11,10 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from erpo_lightning.data import QueryDataModule
+from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.tiny import save_tiny_model
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
-SOURCES = [{"path": str(BENCHMARKS / "minerva_math.jsonl"), "limit": 10}]
+SOURCES = [{"path": str(BENCHMARK_DIR / "minerva_math.jsonl"), "limit": 10}]
 
 
 def make_datamodule(model_dir: Path, cache_dir: Path) -> QueryDataModule:

@@ -19,10 +19,9 @@ from erpo_lightning.data import (
     resolve_template,
     tokenize_prompts,
 )
-from erpo_lightning.data.sources import resolve_spec
+from erpo_lightning.data.sources import BENCHMARK_DIR, resolve_spec
 from erpo_lightning.tiny import build_byte_tokenizer
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 ROWS = {"math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272, "olympiadbench": 675, "gsm8k": 1319}
 
 
@@ -52,7 +51,7 @@ def test_registry_names_every_benchmark_and_the_training_set():
 
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_real_benchmark_files_load_with_namespaced_ids(name):
-    queries, skipped = load_queries({"path": str(BENCHMARKS / f"{name}.jsonl")})
+    queries, skipped = load_queries({"path": str(BENCHMARK_DIR / f"{name}.jsonl")})
     assert len(queries) == ROWS[name] and not skipped
     assert all(q.query_id.startswith(f"{name}/") and q.problem.strip() and q.answer for q in queries)
     assert len({q.query_id for q in queries}) == len(queries)
@@ -60,7 +59,7 @@ def test_real_benchmark_files_load_with_namespaced_ids(name):
 
 
 def test_parquet_csv_and_json_array_give_the_same_queries(tmp_path):
-    source = BENCHMARKS / "aime24.jsonl"
+    source = BENCHMARK_DIR / "aime24.jsonl"
     reference, _ = load_queries({"path": str(source)})
     table = datasets.load_dataset("json", data_files=str(source), split="train")
     table.to_parquet(str(tmp_path / "aime24.parquet"))
@@ -75,9 +74,9 @@ def test_parquet_csv_and_json_array_give_the_same_queries(tmp_path):
 
 def test_field_map_transform_and_limit_on_gsm8k():
     # The file keeps GSM8K's worked solution, whose text after "####" is the gold answer.
-    spec = SourceSpec(path=str(BENCHMARKS / "gsm8k.jsonl"), answer_field="solution", answer_transform="after_hash")
+    spec = SourceSpec(path=str(BENCHMARK_DIR / "gsm8k.jsonl"), answer_field="solution", answer_transform="after_hash")
     from_solution, _ = load_queries(spec)
-    plain, _ = load_queries({"path": str(BENCHMARKS / "gsm8k.jsonl"), "limit": 7})
+    plain, _ = load_queries({"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 7})
     assert [q.answer for q in from_solution[:7]] == [q.answer for q in plain]
     assert len(plain) == 7
 
@@ -153,7 +152,7 @@ def test_presets_render_as_documented(tokenizer):
 
 
 def test_overlong_prompts_are_dropped_and_reported_or_refused(tokenizer):
-    sources = [{"path": str(BENCHMARKS / "amc23.jsonl")}]
+    sources = [{"path": str(BENCHMARK_DIR / "amc23.jsonl")}]
     template = PRESETS["plain"]
     lengths = [len(q.problem.encode()) for q in load_queries(sources[0])[0]]  # byte tokenizer: 1 token per byte
     limit = sorted(lengths)[30]
@@ -168,7 +167,7 @@ def test_overlong_prompts_are_dropped_and_reported_or_refused(tokenizer):
 
 
 def test_same_label_twice_is_a_duplicate_unless_skipped(tokenizer):
-    source = {"path": str(BENCHMARKS / "aime24.jsonl")}
+    source = {"path": str(BENCHMARK_DIR / "aime24.jsonl")}
     with pytest.raises(DataError, match="duplicate id 'aime24/60', already used by .*aime24.jsonl row 1"):
         prepare_queries([source, source], tokenizer, PRESETS["plain"], 4096)
     prepared = prepare_queries([source, source], tokenizer, PRESETS["plain"], 4096, skip_invalid=True)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.rewards import MathReward
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-PEER_CASES = SHARED / "grader" / "peer_cases.jsonl"
-BENCHMARKS = sorted((SHARED / "benchmarks").glob("*.jsonl"))
+PEER_CASES = Path(__file__).parent / "data" / "grader" / "peer_cases.jsonl"
+BENCHMARKS = sorted(BENCHMARK_DIR.glob("*.jsonl"))
 # Tags whose verdict is one project's design choice; the rest are "plain maths" cases.
 CONVENTION_PREFIXES = ("convention", "extraction_policy", "config", "reasoning_tags")
 

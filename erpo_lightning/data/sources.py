@@ -17,6 +17,8 @@ import datasets
 # File extension -> `datasets` builder. `.json` may hold JSON Lines or one JSON array; the json builder reads both.
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 MAX_LISTED_ERRORS = 10
+# Evaluation benchmarks shipped with the package (provenance and licenses: benchmarks/README.md).
+BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @dataclass
@@ -24,8 +26,9 @@ class SourceSpec:
     """Where to read queries from and how to map their fields. Give exactly one of `name`, `path`, `hub_id`.
 
     Attributes:
-        name: a built-in benchmark (`REGISTRY`); its Hub id and field map are the defaults, any field given here
-            overrides them (e.g. `split: train`).
+        name: a built-in benchmark (`REGISTRY`). Names with a packaged copy (`BENCHMARK_DIR`: math500, aime24,
+            amc23, minerva_math, olympiadbench, gsm8k) read it, offline; `hub: true` reads the Hub copy instead,
+            whose id and field map are the defaults that any field given here overrides (e.g. `split: train`).
         path: a local `.jsonl` / `.json` / `.parquet` / `.csv` file.
         hub_id: a Hugging Face Hub dataset id, with optional `config`, `split` (default "train") and `data_files`
             (a file inside the dataset repository).
@@ -36,6 +39,7 @@ class SourceSpec:
         limit: read only the first `limit` rows.
         label: prefix of the query ids (default: the name, the file stem or the Hub id), so that two sources
             numbering their rows 0, 1, ... do not collide.
+        hub: with `name`, read the registry's Hub dataset even when a packaged copy exists.
     """
 
     name: str | None = None
@@ -50,9 +54,10 @@ class SourceSpec:
     answer_transform: str | None = None
     limit: int | None = None
     label: str | None = None
+    hub: bool = False
 
 
-# Hub ids and field maps checked against the datasets' cards; tests read the offline copies instead.
+# Hub ids and field maps checked against the datasets' cards. Names with a file in BENCHMARK_DIR read that file.
 REGISTRY: dict[str, SourceSpec] = {
     "math500": SourceSpec(hub_id="HuggingFaceH4/MATH-500", split="test", id_field="unique_id"),
     "aime24": SourceSpec(hub_id="HuggingFaceH4/aime_2024", split="train", id_field="id"),
@@ -107,11 +112,22 @@ def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
     locations = [key for key in ("name", "path", "hub_id") if getattr(spec, key)]
     if len(locations) != 1:
         raise DataError(f"a source needs exactly one of name / path / hub_id, got {locations or 'none'}: {spec}")
+    if spec.hub and not spec.name:
+        raise DataError(f"hub: true needs a registry name (name: ...); for another Hub dataset set hub_id: {spec}")
     if spec.name:
         if spec.name not in REGISTRY:
             raise DataError(f"unknown benchmark {spec.name!r}; built-in: {sorted(REGISTRY)}")
-        given = {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) is not None}
-        spec = replace(REGISTRY[spec.name], **given)
+        packaged = BENCHMARK_DIR / f"{spec.name}.jsonl"
+        hub_only = [key for key in ("config", "split", "data_files") if getattr(spec, key) is not None]
+        if packaged.is_file() and not spec.hub:
+            if hub_only:
+                raise DataError(f"{hub_only} apply to the Hub copy of {spec.name!r}; add hub: true to read it")
+            # The packaged files use the plain field names (id / problem / answer), already transformed.
+            given = {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) not in (None, False)}
+            spec = replace(SourceSpec(path=str(packaged), label=spec.name), **{**given, "name": None})
+        else:
+            given = {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) is not None}
+            spec = replace(REGISTRY[spec.name], **given)
     if spec.answer_transform not in (None, "first", "after_hash"):
         raise DataError(f"answer_transform must be first, after_hash or null, got {spec.answer_transform!r}")
     return spec
@@ -139,10 +155,21 @@ def read_rows(spec: SourceSpec) -> datasets.Dataset:
             text = datasets.Features({column: datasets.Value("string") for column in table.column_names})
             table = datasets.load_dataset("csv", data_files=str(path), split="train", features=text)
     else:
-        table = datasets.load_dataset(spec.hub_id, spec.config, split=spec.split or "train", data_files=spec.data_files)
+        table = _load_hub(spec)
     if spec.limit is not None:
         table = table.select(range(min(spec.limit, len(table))))
     return table
+
+
+def _load_hub(spec: SourceSpec) -> datasets.Dataset:
+    """A Hub dataset; without network access a DataError that says how to use a local copy instead."""
+    try:
+        return datasets.load_dataset(spec.hub_id, spec.config, split=spec.split or "train", data_files=spec.data_files)
+    except (ConnectionError, OSError) as error:  # requests' and huggingface_hub's offline errors derive from these
+        raise DataError(
+            f"no network: cannot read {describe(spec)} ({type(error).__name__}: {str(error)[:200]}); "
+            "download it on a machine with access and point `path:` at the file"
+        ) from error
 
 
 def _answer_text(value: object, transform: str | None) -> str | None:
