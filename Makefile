@@ -1,5 +1,5 @@
-# The two commands of the README. Each sets up .venv/ first (idempotent), then runs.
-.PHONY: quickstart test env
+# The README's commands. Each sets up .venv/ first (idempotent), then runs.
+.PHONY: quickstart test test-fast lint env
 
 env:
 	@bash scripts/setup_env.sh
@@ -11,3 +11,11 @@ quickstart: env
 
 test: env
 	.venv/bin/python -m pytest -q tests
+
+# The edit-run loop: everything but the vLLM, multi-process and end-to-end tests (markers in pyproject.toml).
+test-fast: env
+	.venv/bin/python -m pytest -q tests -m "not slow and not vllm and not distributed"
+
+lint: env
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from math_verify import parse, verify
 
+from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rewards.symbolic import SympyBackend
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks" / "math500.jsonl"
+DEFAULT_DATA = BENCHMARK_DIR / "math500.jsonl"
 
 
 def _rate(count: int, seconds: float) -> float:
