@@ -7,32 +7,81 @@
 The config has the usual LightningCLI groups (`trainer`, `model`, `data`) plus `rollout` (the RolloutCallback:
 engine, reward, group size, sampling). `model.model_path` also sets `data.model_path`, and `rollout.temperature`
 sets `model.temperature`, so the three always agree.
+
+Settings are checked before anything is loaded (`check_settings`): a value outside its range, a misspelt top-level
+key, a model path without a model or a checkpoint that is not there is a one-line error naming the field.
+A list given on the command line (`--data.train "[{path: x.jsonl}]"`) replaces the config file's list.
+Errors print as one line plus a hint; `ERPO_DEBUG=1` or `--debug` shows the traceback (`erpo_lightning.errors`).
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
 
 # Colocated vLLM must run in this process (weights are pushed into its worker in place); set before vLLM loads.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+import yaml  # noqa: E402
+from jsonargparse import Namespace  # noqa: E402
+from lightning.fabric.plugins import CheckpointIO  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
-from erpo_lightning.callbacks.rollout import RolloutCallback  # noqa: E402
+from erpo_lightning.algorithms import ALGORITHMS  # noqa: E402
+from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
+from erpo_lightning.checkpointing import AtomicCheckpointIO, resolve_resume_path  # noqa: E402
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
+from erpo_lightning.errors import SettingsError, debug_requested, quiet_known_warnings, run_reporting_errors  # noqa: E402
 from erpo_lightning.evaluation import SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
+
+# Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
+# they replace it instead (each such flag is preceded by `<flag>=[]`).
+REPLACED_LISTS = ("--data.train", "--sweep.benchmarks")
+# Advantage estimators that compare the G responses of a query with each other: G = 1 has nothing to compare.
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+RESUME_KEYWORDS = ("last", "last_or_none", "best", "hpc")
+
+
+class ERPOProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, without the "Epoch 4/-2" label of runs bounded by `max_steps` only."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = f"Epoch {current_epoch}"
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
+            description += f"/{self.trainer.max_epochs - 1}"
+        return f"{description:{len(self.validation_description)}}"
 
 
 class ERPOTrainer(Trainer):
     """Lightning's Trainer plus the `cache` subcommand; `validate` is the temperature sweep.
 
     `use_distributed_sampler` defaults to False: the datamodule's `QueryBatchSampler` already gives each rank its
-    share of every global batch, and resumes mid-epoch.
+    share of every global batch, and resumes mid-epoch. Checkpoint files are written atomically
+    (`AtomicCheckpointIO`) unless `plugins` or the strategy bring their own CheckpointIO, and the default progress
+    bar is `ERPOProgressBar`.
     """
 
     def __init__(self, *args, use_distributed_sampler: bool = False, **kwargs) -> None:
+        plugins = kwargs.get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        strategy_io = getattr(kwargs.get("strategy"), "_checkpoint_io", None)
+        if strategy_io is None and not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        callbacks = kwargs.get("callbacks")
+        callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+        if kwargs.get("enable_progress_bar") is not False and _RICH_AVAILABLE:
+            if not any(isinstance(c, ProgressBar) for c in callbacks):
+                callbacks.append(ERPOProgressBar())
+        kwargs.update(plugins=plugins, callbacks=callbacks)
         super().__init__(*args, use_distributed_sampler=use_distributed_sampler, **kwargs)
 
     def cache(self, model: ERPOModule, datamodule: QueryDataModule, force: bool = False) -> None:
@@ -82,15 +131,154 @@ class ERPOCLI(LightningCLI):
         parser.link_arguments("model.model_path", "data.model_path")
         parser.link_arguments("rollout.temperature", "model.temperature")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Check the config files' top-level keys, then parse with command-line lists replacing the files' lists."""
+        args = list(sys.argv[1:] if args is None else args)
+        subcommand = next((arg for arg in args if arg in self._subcommand_parsers), None)
+        if subcommand is not None:
+            known = {action.dest.split(".")[0] for action in self._subcommand_parsers[subcommand]._actions}
+            for path in _config_files(args[args.index(subcommand) + 1 :]):
+                check_top_level_keys(path, known)
+        self.config = parser.parse_args(_replacing_lists(args))
+
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        if subcommand is not None:
+            check_settings(self.config[subcommand], subcommand)
+
+    def before_fit(self) -> None:
+        fit = self.config_init["fit"]
+        fit["ckpt_path"] = resolve_resume_path(self.trainer, fit.get("ckpt_path"))
+
+
+def _config_files(args: list[str]) -> list[str]:
+    """The values of `--config X`, `-c X` and `--config=X` in `args`."""
+    files = []
+    for index, arg in enumerate(args):
+        if arg in ("--config", "-c") and index + 1 < len(args):
+            files.append(args[index + 1])
+        elif arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+    return files
+
+
+def _replacing_lists(args: list[str]) -> list[str]:
+    """`args` with `<flag>=[]` before every flag of REPLACED_LISTS, so that its list replaces the earlier one."""
+    out = []
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in REPLACED_LISTS:
+            out.append(f"{flag}=[]")
+        out.append(arg)
+    return out
+
+
+def check_top_level_keys(path: str, known: set[str]) -> None:
+    """A SettingsError naming a top-level key of the config file `path` that the parser does not know."""
+    try:
+        content = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return  # not a readable YAML file: the parser reports it
+    if not isinstance(content, dict):
+        return
+    for key in content:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
+            raise SettingsError(f"{path}: unknown top-level key '{key}'; {hint}")
+
+
+def _at_least(config: Namespace, field: str, minimum: float, optional: bool = False) -> None:
+    value = config.get(field)
+    if value is None and optional:
+        return
+    if value is None or not math.isfinite(value) or value < minimum:
+        raise SettingsError(f"{field} must be >= {minimum:g}{' (or null)' if optional else ''}, got {value!r}")
+
+
+def check_settings(config: Namespace, subcommand: str) -> None:
+    """Every check that needs no model, data or network beyond the model path's existence; SettingsError if one fails.
+
+    Runs before any class is instantiated: a bad value fails in a second, not after the reference cache is built.
+    """
+    check_model_path(str(config.model.model_path))
+    try:
+        check_rollout_settings(config.rollout.as_dict())
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    for field, minimum in (("data.batch_size", 1), ("data.max_prompt_length", 1), ("data.num_workers", 0)):
+        _at_least(config, field, minimum)
+    for field in ("data.cache_max_tokens", "data.cache_batch_size", "data.cache_chunk_size"):
+        _at_least(config, field, 1)
+    for field, minimum in (("model.num_iterations", 1), ("model.micro_batch_tokens", 1), ("model.warmup_steps", 0)):
+        _at_least(config, field, minimum)
+    _at_least(config, "model.learning_rate", 0)
+    _at_least(config, "model.update_batch_size", 1, optional=True)
+    _at_least(config, "model.max_consecutive_skips", 1)
+    preset = ALGORITHMS.get(config.model.algorithm)
+    estimator = config.model.advantage_estimator or (preset.advantage_estimator if preset else None)
+    if subcommand == "fit" and estimator in GROUP_ESTIMATORS and config.rollout.group_size < 2:
+        raise SettingsError(
+            f"rollout.group_size must be >= 2 with the {estimator!r} advantage estimator (it compares the responses "
+            f"of one query), got {config.rollout.group_size}"
+        )
+    keywords = RESUME_KEYWORDS if subcommand == "fit" else ()  # `validate` reads the files it is given
+    for field in ("ckpt_path", "compare_ckpt_paths"):
+        values = config.get(field) or []
+        for value in [values] if isinstance(values, str) else values:
+            if value not in keywords and "://" not in str(value) and not Path(value).exists():
+                raise SettingsError(f"{field}: no checkpoint at {value}")
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def check_model_path(model_path: str, field: str = "model.model_path") -> None:
+    """A SettingsError unless `model_path` is a directory with a `config.json`, or a Hub id that can be fetched."""
+    path = Path(model_path).expanduser()
+    if path.exists() or not _HUB_ID.match(model_path) or ".." in model_path:
+        if not (path / "config.json").is_file():
+            missing = "" if path.exists() else "; the directory does not exist"
+            raise SettingsError(f"{field}: no model at {model_path} (no config.json{missing})")
+        return
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    offline = any(
+        os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    if offline:
+        if not isinstance(try_to_load_from_cache(model_path, "config.json"), str):
+            raise SettingsError(
+                f"{field}: {model_path} is not a local path and no hub access (HF_HUB_OFFLINE is set and the Hugging "
+                "Face cache has no copy); download it on a machine with access and point model_path at the directory"
+            )
+        return
+    try:
+        hf_hub_download(model_path, "config.json", etag_timeout=10)
+    except RepositoryNotFoundError:
+        raise SettingsError(f"{field}: {model_path} is not a local path and no Hub model has that name") from None
+    except Exception as error:  # connection refused, DNS, proxy, timeout: all mean the same to the user
+        raise SettingsError(
+            f"{field}: {model_path} is not a local path and no hub access ({type(error).__name__}); download it on a "
+            "machine with access and point model_path at the directory"
+        ) from None
+
 
 def main(args: list[str] | None = None) -> None:
-    ERPOCLI(
-        ERPOModule,
-        QueryDataModule,
-        trainer_class=ERPOTrainer,
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,  # the module builds AdamW + warm-up from its own fields
-        args=args,
+    debug, args = debug_requested(list(sys.argv[1:] if args is None else args))
+    quiet_known_warnings()
+    run_reporting_errors(
+        lambda: ERPOCLI(
+            ERPOModule,
+            QueryDataModule,
+            trainer_class=ERPOTrainer,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,  # the module builds AdamW + warm-up from its own fields
+            args=args,
+        ),
+        debug,
     )
 
 

@@ -6,6 +6,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
+from erpo_lightning.checkpointing import AtomicCheckpointIO
+from erpo_lightning.cli import ERPOTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
@@ -41,10 +43,12 @@ def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0):
         ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1, filename="{step}"),
         recorder,
     ]
-    trainer = L.Trainer(
+    # The `erpo` command's trainer: its checkpoints are written by AtomicCheckpointIO (temporary file, then rename).
+    trainer = ERPOTrainer(
         max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=callbacks, use_distributed_sampler=False,
+        callbacks=callbacks,
     )  # fmt: skip
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return recorder.steps, {k: v.clone() for k, v in module.policy.state_dict().items()}
 

@@ -8,7 +8,8 @@ under `rollout/`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any
@@ -22,6 +23,27 @@ from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSetting
 from erpo_lightning.scoring import sequence_logprobs
 
 Reward = Callable[[list[str], list[str]], list[float]]
+
+# (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
+_SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("group_size", lambda v: v >= 1, ">= 1"),
+    ("temperature", lambda v: math.isfinite(v) and v > 0, "> 0 (the log-probs are those of the tempered policy)"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("max_new_tokens", lambda v: v >= 1, ">= 1"),
+    ("max_refill_rounds", lambda v: v >= 0, ">= 0"),
+    ("overlong_buffer", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("overlong_penalty_factor", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
+    ("logprob_check_every", lambda v: v >= 0, ">= 0 (0 = never)"),
+    ("logprob_check_micro_batch_size", lambda v: v >= 1, ">= 1"),
+)
+
+
+def check_rollout_settings(settings: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first rollout setting outside its allowed range (`rollout.<field> must be ...`)."""
+    for name, allowed, description in _SETTING_RULES:
+        if name in settings and not allowed(settings[name]):
+            raise ValueError(f"rollout.{name} must be {description}, got {settings[name]!r}")
 
 
 @dataclass
@@ -81,6 +103,20 @@ class RolloutCallback(pl.Callback):
         logprob_check_micro_batch_size: int = 16,
         tokenizer: str | None = None,
     ) -> None:
+        check_rollout_settings(
+            {
+                "group_size": group_size,
+                "temperature": temperature,
+                "top_p": top_p,
+                "top_k": top_k,
+                "max_new_tokens": max_new_tokens,
+                "max_refill_rounds": max_refill_rounds,
+                "overlong_buffer": overlong_buffer,
+                "overlong_penalty_factor": overlong_penalty_factor,
+                "logprob_check_every": logprob_check_every,
+                "logprob_check_micro_batch_size": logprob_check_micro_batch_size,
+            }
+        )
         self.engine = engine
         self.reward = reward
         self.settings = SamplingSettings(

@@ -1,0 +1,110 @@
+"""Checkpoints that are never half-written, and `--ckpt_path last` that never silently starts from scratch.
+
+Lightning's default writer stages a checkpoint in `$TMPDIR` and moves it over the destination; when `$TMPDIR` is
+on another filesystem the move is a copy, and a kill during it leaves a truncated `last.ckpt` that the next
+`--ckpt_path last` picks. `AtomicCheckpointIO` writes a temporary file in the destination's own folder and renames
+it, which is atomic: the destination holds either the previous complete checkpoint or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from erpo_lightning.errors import SettingsError
+
+PARTIAL_SUFFIX = ".partial"  # not `.ckpt`: Lightning's search for `last*.ckpt` never picks one
+
+
+def partial_path(target: Path, pid: int | None = None) -> Path:
+    """The temporary file a process writes before renaming it to `target`: `.<name>.<pid>.partial`, same folder."""
+    return target.with_name(f".{target.name}.{os.getpid() if pid is None else pid}{PARTIAL_SUFFIX}")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """`TorchCheckpointIO` whose local saves go to a temporary file beside the destination, then `os.replace`.
+
+    The file is flushed to disk before the rename, and the folder after it. Temporary files left by killed
+    processes (their pid no longer runs) are removed after the next successful save of the same destination.
+    Remote paths (s3://, ...) keep Lightning's writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = partial_path(target)
+        try:
+            with open(temporary, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _fsync_directory(target.parent)
+        _remove_orphans(target)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable (a crash after it must not bring the old directory entry back)."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove_orphans(target: Path) -> None:
+    """Delete `target`'s temporary files whose writer process is gone (killed during a save)."""
+    prefix = f".{target.name}."
+    for candidate in target.parent.glob(f"{prefix}*{PARTIAL_SUFFIX}"):
+        pid = candidate.name[len(prefix) : -len(PARTIAL_SUFFIX)]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            candidate.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def resolve_resume_path(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
+    """`fit`'s checkpoint: `last` must find one (a SettingsError otherwise); `last_or_none` may find none (None).
+
+    Every other value is returned unchanged. "Found" means a `last*.ckpt` in the folder of a ModelCheckpoint
+    callback, which is where Lightning's own `last` looks.
+    """
+    if ckpt_path not in ("last", "last_or_none"):
+        return ckpt_path
+    callbacks = [callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint)]
+    found = set().union(*(callback._find_last_checkpoints(trainer) for callback in callbacks))
+    if found:
+        return "last"
+    if ckpt_path == "last_or_none":
+        return None
+    if not callbacks:
+        where = "no ModelCheckpoint callback is configured (trainer.callbacks)"
+    else:
+        folders = sorted({str(callback.dirpath) for callback in callbacks if callback.dirpath is not None})
+        where = f"no last*.ckpt in {', '.join(folders) or f'the checkpoint folder under {trainer.default_root_dir}'}"
+    raise SettingsError(
+        f"ckpt_path: 'last' has nothing to resume: {where}; start without --ckpt_path, or pass --ckpt_path "
+        "last_or_none to resume when a checkpoint exists and start from scratch otherwise"
+    )

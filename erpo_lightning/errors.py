@@ -1,0 +1,91 @@
+"""What a user of `erpo` sees when something goes wrong: one line naming the problem, and how to get the traceback.
+
+`run_reporting_errors` wraps the command line: an exception becomes `erpo: error: <message>` plus a hint line, exit
+status 1 (2 for a setting outside its range, like the parser's own errors). `ERPO_DEBUG=1` or `--debug` re-raises
+instead, with the full traceback. `quiet_known_warnings` silences, by message and category, library notices known
+not to apply to this project.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable
+
+DEBUG_FLAG = "--debug"
+DEBUG_HINT = "(run again with ERPO_DEBUG=1 or --debug for the full traceback)"
+MAX_MESSAGE_CHARS = 2000
+
+# Messages whose own text says what went wrong; other exception types are prefixed with their name.
+_SELF_EXPLANATORY = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+class SettingsError(ValueError):
+    """A setting outside its allowed range; the message names the field (`rollout.temperature`) and the range."""
+
+
+def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
+    """(whether the traceback was asked for, argv without `--debug`)."""
+    wanted = os.environ.get("ERPO_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    return wanted or DEBUG_FLAG in argv, [arg for arg in argv if arg != DEBUG_FLAG]
+
+
+def one_line(error: BaseException) -> str:
+    """The error as a single line: its message with whitespace runs collapsed, its type named when not obvious."""
+    message = " ".join(str(error).split())
+    if len(message) > MAX_MESSAGE_CHARS:  # e.g. an error quoting a whole model output
+        message = message[:MAX_MESSAGE_CHARS] + " [...]"
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        message = f"missing key {error.args[0]!r}"
+    if not message:
+        return type(error).__name__
+    return message if isinstance(error, _SELF_EXPLANATORY) else f"{type(error).__name__}: {message}"
+
+
+def run_reporting_errors(command: Callable[[], object], debug: bool) -> None:
+    """Run `command`; an exception is printed as one line plus the debug hint and exits (re-raised when `debug`)."""
+    try:
+        command()
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("erpo: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    except Exception as error:
+        if debug:
+            raise
+        print(f"erpo: error: {one_line(error)}\n{DEBUG_HINT}", file=sys.stderr, flush=True)
+        raise SystemExit(2 if isinstance(error, SettingsError) else 1) from None
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.prefixes)
+
+
+def quiet_known_warnings() -> None:
+    """Silence library notices that do not apply to an `erpo` run, each matched by its message and category.
+
+    - Lightning's advice on ModelCheckpoint under manual optimization: ERPOModule saves after its own optimizer
+      steps, so a checkpoint holds the weights, optimizer state and step counter of the same moment.
+    - Lightning's note that TensorBoard is not installed: the CSV logger it falls back to is what we use.
+    - torch's deprecation of `LeafSpec`, triggered inside Lightning, not by this project.
+    - Lightning's litlogger advertisement (an info log line).
+    """
+    for message, category in (
+        (r"Using ModelCheckpoint with manual optimization and every_n_train_steps", UserWarning),
+        (r"Starting from v1\.9\.0, `tensorboardX` has been removed", UserWarning),
+        (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    ):
+        warnings.filterwarnings("ignore", message=message, category=category)
+    tip = _DropMessages(("💡 Tip: For seamless cloud logging",))
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, _DropMessages) for existing in logger.filters):
+            logger.addFilter(tip)

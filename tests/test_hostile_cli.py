@@ -1,0 +1,351 @@
+"""Hostile settings, paths and kills against `erpo`: each fails early, in one line, naming the field (issue 18).
+
+Most cases call `erpo_lightning.cli.main` in this process (the console script's own entry point, a second each);
+the subprocess tests run the installed `erpo` as a user does.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from erpo_lightning.callbacks.rollout import RolloutCallback
+from erpo_lightning.checkpointing import AtomicCheckpointIO, partial_path, resolve_resume_path
+from erpo_lightning.cli import ERPOProgressBar, ERPOTrainer, main
+from erpo_lightning.errors import DEBUG_HINT, SettingsError, one_line, quiet_known_warnings
+from erpo_lightning.rollout import HFEngine
+
+ERPO = str(Path(sys.executable).with_name("erpo"))
+TESTS = Path(__file__).parent
+
+
+def write_config(tmp_path, model_path, data_file, *, callbacks=(), max_steps=2, limit=8) -> Path:
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "max_steps": max_steps,
+            "accelerator": "cpu",
+            "default_root_dir": str(tmp_path / "run"),
+            "logger": False,
+            "enable_model_summary": False,
+            "callbacks": list(callbacks),
+        },
+        "model": {"model_path": str(model_path), "algorithm": "erpo", "learning_rate": 1e-3},
+        "data": {
+            "train": [{"path": str(data_file), "limit": limit, "label": "config_file", "problem_field": "problem"}],
+            "template": "plain",
+            "max_prompt_length": 1024,
+            "batch_size": 2,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+        "rollout": {
+            "engine": {"class_path": "erpo_lightning.rollout.HFEngine"},
+            "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
+            "group_size": 2,
+            "max_new_tokens": 6,
+            "seed": 0,
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture()
+def config(tmp_path, tiny_model_path, benchmarks_dir):
+    return write_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl")
+
+
+def run_main(*args) -> int:
+    """`erpo ARGS` in this process; its exit status."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    return exited.value.code
+
+
+def fails_in_one_line(capsys, *args) -> str:
+    """Run `erpo ARGS`; assert exit status 2, nothing loaded, and the error as one line plus the hint; return it."""
+    code = run_main(*args)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert lines[-1] == DEBUG_HINT and lines[-2].startswith("erpo: error: "), err
+    assert "Traceback" not in err and "[erpo data]" not in err and "Loading weights" not in err, err
+    return lines[-2]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--rollout.temperature", "-1"], "rollout.temperature must be > 0"),
+        (["--rollout.temperature", "0"], "rollout.temperature must be > 0"),
+        (["--rollout.group_size", "0"], "rollout.group_size must be >= 1, got 0"),
+        (["--rollout.group_size", "1"], "rollout.group_size must be >= 2 with the 'grpo' advantage estimator"),
+        (["--model.algorithm", "rloo", "--rollout.group_size", "1"], "with the 'rloo' advantage estimator"),
+        (["--rollout.max_new_tokens", "0"], "rollout.max_new_tokens must be >= 1, got 0"),
+        (["--rollout.top_p", "0"], "rollout.top_p must be in (0, 1], got 0.0"),
+        (["--data.batch_size", "0"], "data.batch_size must be >= 1, got 0"),
+        (["--data.max_prompt_length", "0"], "data.max_prompt_length must be >= 1, got 0"),
+        (["--model.micro_batch_tokens", "0"], "model.micro_batch_tokens must be >= 1, got 0"),
+        (["--model.num_iterations", "0"], "model.num_iterations must be >= 1, got 0"),
+        (["--model.update_batch_size", "0"], "model.update_batch_size must be >= 1 (or null), got 0"),
+        (["--ckpt_path", "no_such.ckpt"], "ckpt_path: no checkpoint at no_such.ckpt"),
+        (["--ckpt_path", "last"], "ckpt_path: 'last' has nothing to resume"),
+    ],
+)
+def test_bad_settings_fail_before_anything_loads(config, capsys, tmp_path, overrides, message):
+    line = fails_in_one_line(capsys, "fit", "--config", str(config), *overrides)
+    assert message in line
+    assert not (tmp_path / "cache").exists()  # the reference cache was not built
+
+
+def test_reinforce_accepts_one_response_per_query(config, capsys):
+    # The batch-mean baseline needs no group: G = 1 passes the checks (the missing checkpoint is what fails).
+    line = fails_in_one_line(
+        capsys, "fit", "--config", str(config), "--model.algorithm", "reinforce", "--rollout.group_size", "1",
+        "--ckpt_path", "absent.ckpt",
+    )  # fmt: skip
+    assert "ckpt_path: no checkpoint at absent.ckpt" in line
+
+
+def test_bad_model_paths_are_named(config, capsys, tmp_path, monkeypatch):
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    line = fails_in_one_line(capsys, "fit", "--config", str(config), "--model.model_path", str(empty))
+    assert line.endswith(f"model.model_path: no model at {empty} (no config.json)")
+    missing = tmp_path / "missing_model"
+    line = fails_in_one_line(capsys, "cache", "--config", str(config), "--model.model_path", str(missing))
+    assert f"no model at {missing} (no config.json; the directory does not exist)" in line
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # an empty Hugging Face cache
+    line = fails_in_one_line(capsys, "validate", "--config", str(config), "--model.model_path", "someorg/some-model")
+    assert "model.model_path: someorg/some-model is not a local path and no hub access" in line
+
+
+def test_misspelt_top_level_key_is_named_with_the_closest_one(config, capsys, tmp_path):
+    content = yaml.safe_load(config.read_text())
+    content["modle"] = content.pop("model")
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text(yaml.safe_dump(content))
+    line = fails_in_one_line(capsys, "fit", "--config", str(misspelt))
+    assert line == f"erpo: error: {misspelt}: unknown top-level key 'modle'; did you mean 'model'?"
+
+
+def test_debug_shows_the_traceback(config, monkeypatch):
+    with pytest.raises(SettingsError, match="rollout.temperature must be > 0"):
+        main(["fit", "--config", str(config), "--rollout.temperature", "-1", "--debug"])
+    monkeypatch.setenv("ERPO_DEBUG", "1")
+    with pytest.raises(SettingsError, match="data.batch_size must be >= 1"):
+        main(["fit", "--config", str(config), "--data.batch_size", "0"])
+
+
+def test_rollout_callback_checks_its_settings():
+    reward = lambda responses, golds: [0.0] * len(responses)  # noqa: E731
+    with pytest.raises(ValueError, match=r"rollout.temperature must be > 0 .*got -1"):
+        RolloutCallback(HFEngine(), reward, temperature=-1)
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens must be >= 1, got 0"):
+        RolloutCallback(HFEngine(), reward, max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"rollout.temperature must be > 0 .*got nan"):
+        RolloutCallback(HFEngine(), reward, temperature=float("nan"))
+    RolloutCallback(HFEngine(), reward, group_size=1, temperature=0.6)  # G = 1 is the module's concern
+
+
+def test_resume_keywords(tmp_path):
+    folder = tmp_path / "ckpt"
+    trainer = ERPOTrainer(
+        accelerator="cpu", logger=False, callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)], max_steps=1
+    )
+    with pytest.raises(SettingsError, match=f"'last' has nothing to resume: no last\\*.ckpt in {folder}"):
+        resolve_resume_path(trainer, "last")
+    assert resolve_resume_path(trainer, "last_or_none") is None
+    assert resolve_resume_path(trainer, "run.ckpt") == "run.ckpt"
+    folder.mkdir()
+    partial_path(folder / "last.ckpt", pid=2**22 + 1).write_bytes(b"half a checkpoint")  # a killed save's leftover
+    with pytest.raises(SettingsError):  # a temporary file is not a checkpoint
+        resolve_resume_path(trainer, "last")
+    AtomicCheckpointIO().save_checkpoint({"global_step": 3}, folder / "last.ckpt")
+    assert resolve_resume_path(trainer, "last") == resolve_resume_path(trainer, "last_or_none") == "last"
+
+
+def test_atomic_checkpoint_io_replaces_whole_files_and_clears_orphans(tmp_path):
+    target = tmp_path / "ckpt" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"global_step": 1, "w": torch.ones(3)}, target)
+    orphan = partial_path(target, pid=2**22 + 7)  # no such process: a save killed half-way
+    orphan.write_bytes(b"trunc")
+    with pytest.raises(Exception, match="pickle"):  # a save failing half-way leaves the previous file whole
+        io.save_checkpoint({"global_step": 2, "bad": lambda: None}, target)
+    assert torch.load(target)["global_step"] == 1
+    assert sorted(p.name for p in target.parent.iterdir()) == [orphan.name, "last.ckpt"]
+    io.save_checkpoint({"global_step": 3, "w": torch.zeros(3)}, target)
+    assert torch.load(target)["global_step"] == 3
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # the orphan of a dead process is gone
+
+
+def test_trainer_defaults_progress_label_and_quiet_warnings(tmp_path):
+    trainer = ERPOTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    bar = trainer.progress_bar_callback
+    assert isinstance(bar, ERPOProgressBar)
+    bar.setup(trainer, pl.LightningModule(), "fit")
+    trainer.fit_loop.max_epochs = -1  # what `fit` sets when only max_steps bounds the run
+    assert bar._get_train_description(4).strip() == "Epoch 4"  # not "Epoch 4/-2"
+    bounded = ERPOTrainer(accelerator="cpu", logger=False, max_epochs=3, default_root_dir=tmp_path)
+    bounded.progress_bar_callback.setup(bounded, pl.LightningModule(), "fit")
+    assert bounded.progress_bar_callback._get_train_description(1).strip() == "Epoch 1/2"
+    quiet_known_warnings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        quiet_known_warnings()  # re-applied inside this block: catch_warnings resets the filters
+        checkpoint_advice = "Using ModelCheckpoint with manual optimization and every_n_train_steps"
+        for message, category in (
+            (checkpoint_advice + ", but no pre-optimization state was saved.", UserWarning),
+            ("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning),
+            (checkpoint_advice, FutureWarning),  # the same text in another category is not the known notice
+            ("an unrelated warning", UserWarning),
+        ):
+            warnings.warn(message, category, stacklevel=1)
+    assert [str(w.message)[:20] for w in caught] == ["Using ModelCheckpoin", "an unrelated warning"]
+
+
+@pytest.mark.slow
+def test_command_line_list_replaces_the_config_files_list(tmp_path, tiny_model_path, benchmarks_dir):
+    """`--data.train "[{path: x}]"` trains on x alone, keeping no `limit`, `label` or field of the file's source."""
+    config = write_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl", limit=3)
+    other = tmp_path / "other.jsonl"
+    rows = [json.loads(line) for line in (benchmarks_dir / "gsm8k.jsonl").read_text().splitlines()[100:105]]
+    other.write_text("".join(json.dumps({"question": r["problem"], "answer": r["answer"]}) + "\n" for r in rows))
+    override = f"[{{path: {other}, problem_field: question}}]"
+    result = subprocess.run(
+        [ERPO, "cache", "--config", str(config), "--data.train", override],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert f"[erpo data] 5 training queries ({other}: 5)" in output  # not 3: the file's `limit: 3` is gone
+
+
+@pytest.mark.slow
+def test_errors_are_one_line_from_the_installed_command(tmp_path, config):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(config.read_text().replace("max_new_tokens: 6", "max_new_tokens: 0"))
+    result = subprocess.run([ERPO, "fit", "--config", str(bad)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-2:] == [
+        "erpo: error: rollout.max_new_tokens must be >= 1, got 0",
+        DEBUG_HINT,
+    ], result.stderr
+    assert "Traceback" not in result.stderr
+    debug = subprocess.run(
+        [ERPO, "fit", "--config", str(bad)], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "ERPO_DEBUG": "1"},
+    )  # fmt: skip
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].endswith("rollout.max_new_tokens must be >= 1, got 0")
+
+
+class CheckpointBallast(pl.Callback):
+    """Makes the checkpoints of one step large (`megabytes` of zeros), so that writing them takes a while."""
+
+    def __init__(self, at_step: int, megabytes: int = 256) -> None:
+        self.at_step, self.megabytes = at_step, megabytes
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if trainer.global_step == self.at_step:
+            checkpoint["ballast"] = torch.zeros(self.megabytes * 2**18)
+
+
+@pytest.mark.slow
+def test_kill_during_a_slow_save_then_resume_last(tmp_path, tiny_model_path, benchmarks_dir):
+    """SIGKILL while `last.ckpt` of step 3 is being written; `--ckpt_path last` resumes from step 2's, and trains on.
+
+    TMPDIR is put on another filesystem than the checkpoints where one exists (/dev/shm): Lightning's own writer
+    then copies over `last.ckpt` in place, which a kill truncates.
+    """
+    folder = tmp_path / "ckpt"
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(folder), "every_n_train_steps": 1, "save_last": True, "save_top_k": -1},
+    }
+    ballast = {"class_path": "test_hostile_cli.CheckpointBallast", "init_args": {"at_step": 3}}
+    data_file = benchmarks_dir / "gsm8k.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    shm = Path("/dev/shm")
+    if shm.is_dir() and shm.stat().st_dev != tmp_path.stat().st_dev:
+        env["TMPDIR"] = str(shm)
+    config = write_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint, ballast], max_steps=4)
+    log = tmp_path / "killed_run.log"
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            [ERPO, "fit", "--config", str(config)], stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+            start_new_session=True,
+        )  # fmt: skip
+    last = folder / "last.ckpt"
+    before = None  # last.ckpt as step 2 left it, recorded once step 3's (slow) saving has begun
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and process.poll() is None:
+        names = os.listdir(folder) if folder.is_dir() else []
+        if before is None and any("step=3" in name for name in names):
+            before = last.stat()
+        elif before is not None:
+            now = last.stat() if last.exists() else None
+            changed = now is None or (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns)
+            if changed or any(name.startswith(".last.ckpt.") for name in names):
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+        time.sleep(0.002)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    assert torch.load(last, weights_only=False)["global_step"] == 2  # step 3's last.ckpt never replaced it half-way
+
+    resume = write_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint], max_steps=4)
+    resumed = subprocess.run(
+        [ERPO, "fit", "--config", str(resume), "--ckpt_path", "last"], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    output = resumed.stdout + resumed.stderr
+    assert f"Restored all states from the checkpoint at {last}" in output
+    final = torch.load(last, weights_only=False)
+    assert final["global_step"] == 4 and "ballast" not in final
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # the killed save's temporary file is gone
+    for noise in ("ModelCheckpoint with manual optimization", "litlogger", "LeafSpec", "tensorboardX", "Epoch 0/-"):
+        assert noise not in output, noise
+
+
+def test_command_line_lists_replace_and_append(config, capsys, tmp_path):
+    content = yaml.safe_load(config.read_text())
+    content["sweep"] = {"benchmarks": [{"source": {"path": "a.jsonl", "limit": 3, "label": "file_bench"}, "k": 2}]}
+    with_sweep = tmp_path / "with_sweep.yaml"
+    with_sweep.write_text(yaml.safe_dump(content))
+    args = ("--config", str(with_sweep), "--print_config")
+    assert run_main("validate", *args, "--sweep.benchmarks", "[{source: {path: b.jsonl}}]") == 0
+    benchmarks = yaml.safe_load(capsys.readouterr().out)["sweep"]["benchmarks"]
+    assert [(b["source"]["path"], b["source"]["limit"], b["source"]["label"], b["k"]) for b in benchmarks] == [
+        ("b.jsonl", None, None, 4)
+    ]
+    # `+` appends to the file's list; `sweep` is no key of `fit`, so its own config file is used
+    assert run_main("fit", "--config", str(config), "--print_config", "--data.train+", "{path: more.jsonl}") == 0
+    train = yaml.safe_load(capsys.readouterr().out)["data"]["train"]
+    assert [(source["path"].rsplit("/", 1)[-1], source["limit"]) for source in train] == [
+        ("gsm8k.jsonl", 8),
+        ("more.jsonl", None),
+    ]
+
+
+def test_one_line_messages():
+    assert one_line(ValueError("data.train:\n  row 3:   bad")) == "data.train: row 3: bad"
+    assert one_line(ZeroDivisionError("division by zero")) == "ZeroDivisionError: division by zero"
+    assert one_line(StopIteration()) == "StopIteration"
+    assert one_line(KeyError("prompt_ids")) == "KeyError: missing key 'prompt_ids'"
+    assert one_line(RuntimeError("x" * 5000)).endswith("x [...]") and len(one_line(RuntimeError("x" * 5000))) < 2100
