@@ -70,7 +70,7 @@ EQUIVALENT = [
     ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}{2}"),
     ("x^2+2x+1", "(x+1)^2"),
     ("28\\%", "28"),
-    ("\\sqrt{3}", "1.732"),
+    ("\\frac{1}{3}", "0.333333"),  # a decimal equals its value rounded to 6 places, as in Math-Verify
 ]
 
 NOT_EQUIVALENT = [
@@ -87,6 +87,8 @@ NOT_EQUIVALENT = [
     ("1331 \\text{ and } 1728", "1728"),
     ("7.78", "7.8"),
     ("x^2+2x+1", "x^3+2x+1"),
+    ("\\sqrt{3}", "1.732"),  # an approximation: only with accept_approximations (see test_grader_conventions.py)
+    ("1000000", "1000000.4"),  # a relative tolerance is opt-in (rel_tol)
 ]
 
 

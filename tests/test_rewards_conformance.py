@@ -14,6 +14,8 @@ PEER_CASES = Path(__file__).parent / "data" / "grader" / "peer_cases.jsonl"
 BENCHMARKS = sorted(BENCHMARK_DIR.glob("*.jsonl"))
 # Tags whose verdict is one project's design choice; the rest are "plain maths" cases.
 CONVENTION_PREFIXES = ("convention", "extraction_policy", "config", "reasoning_tags")
+# Measured on 2026-12-01: strict 345/361, lenient 348/361, both 216/216 plain (the grader before presets: 346/361).
+STRICT_TOTAL, LENIENT_TOTAL = 345, 348
 
 
 def _is_plain(case: dict) -> bool:
@@ -26,18 +28,33 @@ def reward():
         yield reward_fn
 
 
-def test_peer_cases_agreement_and_no_plain_false_positive(reward):
+def _agreement(reward: MathReward) -> tuple[int, int, list[str]]:
+    """(agreeing cases, agreeing plain cases, plain false positives) of ``reward`` on the peer suite."""
     cases = [json.loads(line) for line in PEER_CASES.read_text().splitlines()]
     verdicts = reward.verdicts([c["pred"] for c in cases], [c["gold"] for c in cases])
     agree = [v == c["expected"] for v, c in zip(verdicts, cases, strict=True)]
     plain = [i for i, c in enumerate(cases) if _is_plain(c)]
     plain_false_positives = [cases[i]["id"] for i in plain if verdicts[i] and not cases[i]["expected"]]
-    print(f"peer cases: {sum(agree)}/{len(cases)}, plain {sum(agree[i] for i in plain)}/{len(plain)}")
     assert len(cases) == 361 and len(plain) == 216
-    assert sum(agree) >= 345
-    assert sum(agree[i] for i in plain) >= 212
+    return sum(agree), sum(agree[i] for i in plain), plain_false_positives
+
+
+# The lenient preset agrees on 3 more cases: peer projects that accept rounded decimals for exact values
+# (tag "convention:lenient_numeric_approximation"); strict refuses them on purpose (docs/rewards.md).
+def test_peer_cases_agreement_strict(reward):
+    total, plain, plain_false_positives = _agreement(reward)
+    print(f"strict: peer cases {total}/361, plain {plain}/216")
+    assert total >= STRICT_TOTAL and plain >= 216
     assert plain_false_positives == []
     assert reward.counters()["timeouts"] == 0
+
+
+def test_peer_cases_agreement_lenient():
+    with MathReward(timeout_s=5.0, num_workers=2, preset="lenient") as lenient:
+        total, plain, plain_false_positives = _agreement(lenient)
+    print(f"lenient: peer cases {total}/361, plain {plain}/216")
+    assert total >= LENIENT_TOTAL and plain >= 216
+    assert plain_false_positives == []
 
 
 def test_every_benchmark_gold_agrees_with_itself(reward):

@@ -107,12 +107,22 @@ def _nan_to_none(value: Any) -> Any:
 
 
 def write_results(
-    output_dir: Path, config: SweepConfig, runs: list[SweepRun], rows: list[dict[str, Any]]
+    output_dir: Path,
+    config: SweepConfig,
+    runs: list[SweepRun],
+    rows: list[dict[str, Any]],
+    grader_settings: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
-    """results.json (config, runs with every logged metric, throughput, grader counters, rows) and results.csv."""
+    """results.json (config, the grader's settings, runs with every logged metric, throughput, grader counters,
+    rows) and results.csv."""
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": output_dir / RESULTS_JSON, "csv": output_dir / RESULTS_CSV}
-    document = {"config": asdict(config), "runs": [asdict(run) for run in runs], "rows": rows}
+    document = {
+        "config": asdict(config),
+        "grader_settings": grader_settings or {},
+        "runs": [asdict(run) for run in runs],
+        "rows": rows,
+    }
     paths["json"].write_text(json.dumps(_nan_to_none(document), indent=2, default=str, allow_nan=False) + "\n")
     with paths["csv"].open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

@@ -77,6 +77,14 @@ class SweepConfig:
     max_prompt_length: int = 1024
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        bad = [t for t in self.temperatures if not t > 0]
+        if bad:
+            raise ValueError(
+                f"sweep.temperatures: every temperature must be > 0 (got {bad}); sampling at T <= 0 is not defined "
+                "(greedy decoding is not a temperature)"
+            )
+
 
 @dataclass
 class PreparedBenchmark:

@@ -42,6 +42,24 @@ def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
     policy.load_state_dict(weights)
 
 
+def grader_settings(reward: Any) -> dict[str, Any]:
+    """The reward's settings as results files record them: its own `describe()`, else its class name."""
+    describe = getattr(reward, "describe", None)
+    if callable(describe):
+        return describe()
+    name = getattr(reward, "__qualname__", type(reward).__qualname__)  # a function names itself
+    return {"class": f"{getattr(reward, '__module__', type(reward).__module__)}.{name}"}
+
+
+def grader_summary(grader: dict[str, Any]) -> str:
+    """One line: class, backend, preset and the conventions that are on."""
+    parts = [str(grader.get("class", "?"))]
+    parts += [f"{key}={grader[key]}" for key in ("backend", "preset", "rel_tol", "float_rounding") if key in grader]
+    if "conventions_on" in grader:
+        parts.append("conventions: " + (", ".join(grader["conventions_on"]) or "none"))
+    return "; ".join(parts)
+
+
 def run_labels(ckpt_paths: list[str], include_base: bool) -> list[tuple[str, str | None]]:
     """(label, checkpoint) of each run: the model directory itself ("base") first when asked or alone."""
     runs: list[tuple[str, str | None]] = [(BASE, None)] if include_base or not ckpt_paths else []
@@ -93,7 +111,8 @@ def run_validate(
 
     rows = [row for run in runs for row in result_rows(run, benchmarks, config.temperatures)]
     output_dir = Path(config.output_dir or trainer.log_dir or trainer.default_root_dir)
-    paths = write_results(output_dir, config, runs, rows)
+    grader = grader_settings(rollout.reward)
+    paths = write_results(output_dir, config, runs, rows, grader)
     paths["png"] = plot_accuracy(output_dir / PLOT_PNG, rows)
     # Piped output gets a wide fixed width: the table has a column per temperature.
     console = console or Console(width=None if sys.stdout.isatty() else 200)
@@ -105,5 +124,6 @@ def run_validate(
             f"{timing['wall_s']:.1f} s: {timing['problems_per_s']:.2f} problems/s, "
             f"{timing['samples_per_s']:.1f} samples/s, {timing['tokens_per_s']:.0f} generated tokens/s"
         )
+    console.print(f"grader: {grader_summary(grader)}")
     console.print("wrote " + ", ".join(str(path) for path in paths.values()))
     return [run.values for run in runs]

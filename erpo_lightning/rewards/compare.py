@@ -3,6 +3,8 @@
 The cheap rules (strings, exact numbers, bases, choices, words) run anywhere. Leaves that need
 symbolic algebra call the ``symbolic`` callable; when it is None (the parent process), they
 raise :class:`NeedsSymbolic` so that the pair can be sent to a worker process instead.
+Every leniency is a convention of :class:`GraderSettings`: it applies only when on, and a
+comparison records in ``used`` the conventions that its verdict relied on.
 """
 
 from __future__ import annotations
@@ -11,16 +13,21 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from erpo_lightning.rewards.normalize import Leaf, normalize_leaf
+from erpo_lightning.rewards.conventions import GraderSettings
+from erpo_lightning.rewards.normalize import THOUSANDS_SEPARATOR, Leaf, normalize_leaf
 from erpo_lightning.rewards.numbers import (
-    DEFAULT_REL_TOL,
     approximates,
+    is_decimal,
+    is_mixed_number,
+    is_scientific,
     numbers_close,
+    numbers_equal,
     parse_number,
 )
 from erpo_lightning.rewards.structure import Node, Seq, parse_answer, parse_item, split_top
 
-Symbolic = Callable[[str, str], bool]
+# (gold, pred, conventions used) -> equal; the callee adds to the set the conventions its verdict relied on.
+Symbolic = Callable[[str, str, set[str]], bool]
 
 
 class NeedsSymbolic(Exception):
@@ -38,6 +45,9 @@ _CHOICE_LETTER = re.compile(r"\(?([A-E])\)?(?:[.:)]|\s|$)")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z\s'-]*")
 _APPROX = re.compile(r"\\approx(?![A-Za-z])")
 _GLUED_UNIT = re.compile(r"\d+(?:\.\d+)?[A-Za-z]+")
+_CURRENCY = re.compile(r"\\\$|\\euro(?![A-Za-z])|€|£")
+_FONT = re.compile(r"\\(?:mathcal|mathbb|mathbf|mathit|mathsf|mathscr|boldsymbol|textbf|textit)(?![A-Za-z])")
+_PLUS_MINUS_SIGN = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(?:([ap])\.?\s*m\.?)?", re.IGNORECASE)
 
 
@@ -96,17 +106,44 @@ def _is_words(text: str) -> bool:
 
 
 class AnswerComparer:
-    """Compares a gold answer with a predicted one; see :meth:`equal`."""
+    """Compares a gold answer with a predicted one under ``settings``; see :meth:`equal`."""
 
-    def __init__(self, symbolic: Symbolic | None = None, rel_tol: float = DEFAULT_REL_TOL) -> None:
+    def __init__(self, symbolic: Symbolic | None = None, settings: GraderSettings | None = None) -> None:
         self.symbolic = symbolic
-        self.rel_tol = rel_tol
+        self.settings = settings or GraderSettings()
+        self.used: set[str] = set()
 
     def equal(self, gold: str, pred: str) -> bool:
-        """True when ``pred`` expresses the same answer as ``gold`` (both already extracted)."""
+        """True when ``pred`` expresses the same answer as ``gold`` (both already extracted).
+
+        Afterwards ``used`` holds the conventions this verdict relied on (empty for a plain equality).
+        """
+        self.used = set()
+        asymmetric = {
+            name
+            for name, pattern in (
+                ("units", _CURRENCY),
+                ("thousands", THOUSANDS_SEPARATOR),
+                ("plus_minus", _PLUS_MINUS_SIGN),
+                ("font_markup", _FONT),
+            )
+            if bool(pattern.search(gold)) != bool(pattern.search(pred))
+        }
+        if any(not self.settings.allows(name) for name in asymmetric - {"plus_minus"}):
+            return False  # markup on one side only that its convention would have removed
         if _squash(gold) == _squash(pred):
+            self.used |= asymmetric
             return True
-        return self.nodes(parse_answer(gold), parse_answer(pred))
+        options = {"thousands": self.settings.thousands, "plus_minus": self.settings.plus_minus}
+        verdict = self.nodes(parse_answer(gold, **options), parse_answer(pred, **options))
+        if verdict:
+            self.used |= {name for name in asymmetric if self.settings.allows(name)}
+        return verdict
+
+    def _uses(self, name: str, verdict: bool) -> bool:
+        if verdict:
+            self.used.add(name)
+        return verdict
 
     def nodes(self, gold: Node, pred: Node) -> bool:
         """Compare two structure nodes."""
@@ -122,13 +159,29 @@ class AnswerComparer:
         return self._symbolic(gold_text, pred_text)
 
     def _sequences(self, gold: Seq, pred: Seq) -> bool:
-        if gold.kind in _UNORDERED and pred.kind in _UNORDERED:
-            return self._unordered(gold.items, pred.items)
-        if gold.kind in _UNORDERED or pred.kind in _UNORDERED:
-            return False
         kinds = {gold.kind, pred.kind}
-        same_shape = len(kinds) == 1 or ("vector" in kinds and bool(kinds & _VECTOR_SHAPES))
-        if not same_shape or len(gold.items) != len(pred.items):
+        if kinds == {"set"}:
+            return self._unordered(gold.items, pred.items)
+        if kinds <= _UNORDERED:
+            if not self.settings.list_as_set:
+                return gold.kind == pred.kind and self._ordered(gold, pred)
+            in_order = gold.kind == pred.kind and [_key(n) for n in gold.items] == [_key(n) for n in pred.items]
+            return self._uses("list_as_set", self._unordered(gold.items, pred.items)) if not in_order else True
+        if kinds == {"set", "()"}:
+            return self.settings.set_as_tuple and self._uses("set_as_tuple", self._unordered(gold.items, pred.items))
+        if kinds & _UNORDERED:
+            return False
+        if len(kinds) == 1:
+            return self._ordered(gold, pred)
+        vector_as_tuple = "vector" in kinds and bool(kinds & _VECTOR_SHAPES)
+        return (
+            vector_as_tuple
+            and self.settings.matrix_as_tuple
+            and self._uses("matrix_as_tuple", self._ordered(gold, pred))
+        )
+
+    def _ordered(self, gold: Seq, pred: Seq) -> bool:
+        if len(gold.items) != len(pred.items):
             return False
         return all(self.nodes(g, p) for g, p in zip(gold.items, pred.items, strict=True))
 
@@ -152,52 +205,110 @@ class AnswerComparer:
         """Compare two atomic answers."""
         if _squash(gold) == _squash(pred):
             return True
+        settings, plus_minus = self.settings, self.settings.plus_minus
         gold_value, pred_value = assignment_value(gold), assignment_value(pred)
-        if gold_value is not None and (pred_value is not None or not _is_equation(pred)):
-            return self.nodes(parse_item(gold_value), parse_item(pred_value or pred))
-        if pred_value is not None and not _is_equation(gold):
-            return self.nodes(parse_item(gold), parse_item(pred_value))
-        gold_time, pred_time = _seconds_of_day(gold), _seconds_of_day(pred)
-        if gold_time is not None and pred_time is not None:
-            return gold_time == pred_time
-        return self._leaf_values(normalize_leaf(gold), normalize_leaf(pred))
+        if settings.assignment:
+            if gold_value is not None and (pred_value is not None or not _is_equation(pred)):
+                verdict = self.nodes(parse_item(gold_value, plus_minus), parse_item(pred_value or pred, plus_minus))
+                return self._uses("assignment", verdict)
+            if pred_value is not None and not _is_equation(gold):
+                verdict = self.nodes(parse_item(gold, plus_minus), parse_item(pred_value, plus_minus))
+                return self._uses("assignment", verdict)
+        elif (gold_value is None) != (pred_value is None):
+            return False  # a named value against a bare one
+        if self.settings.clock_times:
+            gold_time, pred_time = _seconds_of_day(gold), _seconds_of_day(pred)
+            if gold_time is not None and pred_time is not None:
+                return self._uses("clock_times", gold_time == pred_time)
+        if not settings.units and (normalize_leaf(gold).units or normalize_leaf(pred).units):
+            return False  # units are part of the answer then (Math-Verify would drop them)
+        gold_leaf = normalize_leaf(gold, settings.units, settings.choice_letters)
+        pred_leaf = normalize_leaf(pred, settings.units, settings.choice_letters)
+        verdict = self._leaf_values(gold_leaf, pred_leaf)
+        if verdict and (gold_leaf.units or pred_leaf.units):
+            self.used.add("units")
+        if verdict and gold_leaf.choice != pred_leaf.choice:
+            self.used.add("choice_letters")
+        return verdict
+
+    def _signs_match(self, gold: Leaf, pred: Leaf) -> bool:
+        """Percent and degree signs on one side only need their convention (which the caller then records)."""
+        return (gold.percent == pred.percent or self.settings.percent) and (
+            gold.degrees == pred.degrees or self.settings.degrees
+        )
+
+    def _note_signs(self, gold: Leaf, pred: Leaf, verdict: bool) -> bool:
+        if verdict and gold.percent != pred.percent:
+            self.used.add("percent")
+        if verdict and gold.degrees != pred.degrees:
+            self.used.add("degrees")
+        return verdict
 
     def _leaf_values(self, gold: Leaf, pred: Leaf) -> bool:
-        if _squash(gold.text) == _squash(pred.text) and gold.percent == pred.percent:
-            return True
-        gold_number, pred_number = parse_number(gold.text), parse_number(pred.text)
+        if not self._signs_match(gold, pred):
+            return False
+        if _squash(gold.text) == _squash(pred.text):
+            return self._note_signs(gold, pred, True)
+        mixed, scientific = self.settings.mixed_numbers, self.settings.scientific
+        if not mixed and (is_mixed_number(gold.text) or is_mixed_number(pred.text)):
+            return False  # refused here: Math-Verify's own reading would decide otherwise
+        gold_number = parse_number(gold.text, mixed, scientific)
+        pred_number = parse_number(pred.text, mixed, scientific)
         if gold_number is not None and pred_number is not None:
-            return self._numbers(gold_number, gold.percent, pred_number, pred.percent) or (
-                gold.percent == pred.percent and approximates(gold_number, pred.text)
-            )
+            verdict = self._numbers(gold_number, gold, pred_number, pred)
+            if verdict and (is_mixed_number(gold.text) or is_mixed_number(pred.text)):
+                self.used.add("mixed_numbers")
+            if verdict and (is_scientific(gold.text) or is_scientific(pred.text)):
+                self.used.add("scientific")
+            return self._note_signs(gold, pred, verdict)
         if (gold_number is not None and _GLUED_UNIT.fullmatch(pred.text)) or (
             pred_number is not None and _GLUED_UNIT.fullmatch(gold.text)
         ):
             return False  # "10cm" is kept as the product 10*c*m: no number equals it
         gold_base, pred_base = _base_value(gold.text), _base_value(pred.text)
-        if gold_base is not None or pred_base is not None:
+        if self.settings.base_subscripts and (gold_base is not None or pred_base is not None):
             gold_int = gold_base if gold_base is not None else gold_number
             pred_int = pred_base if pred_base is not None else pred_number
-            return gold_int is not None and gold_int == pred_int
+            return self._uses("base_subscripts", gold_int is not None and gold_int == pred_int)
         if re.fullmatch(r"[A-E]", gold.text):
             choice = _CHOICE_LETTER.match(pred.text)
-            return choice is not None and choice.group(1) == gold.text
+            if not self.settings.choice_letters:
+                return pred.text == gold.text
+            return self._uses("choice_letters", choice is not None and choice.group(1) == gold.text)
         if _is_words(gold.text) or _is_words(pred.text):
-            return gold.text.casefold().split() == pred.text.casefold().split()
-        return self._symbolic(_symbolic_text(gold), _symbolic_text(pred))
+            if gold.text.split() == pred.text.split():
+                return True
+            same = gold.text.casefold().split() == pred.text.casefold().split()
+            return self.settings.text_case and self._uses("text_case", same)
+        gold_text, pred_text = _symbolic_text(gold), _symbolic_text(pred)
+        inner_degrees = "°" in gold_text + pred_text
+        if inner_degrees:  # "\\sin(90^\\circ - x)": a degree is pi/180, under the `degrees` convention only
+            if not self.settings.degrees:
+                return False
+            gold_text, pred_text = (t.replace("°", "\\cdot\\frac{\\pi}{180}") for t in (gold_text, pred_text))
+        verdict = self._note_signs(gold, pred, self._symbolic(gold_text, pred_text))
+        return self._uses("degrees", verdict) if inner_degrees else verdict
 
-    def _numbers(self, gold: Fraction, gold_pct: bool, pred: Fraction, pred_pct: bool) -> bool:
-        if numbers_close(gold, pred, self.rel_tol):
-            return True
+    def _numbers(self, gold: Fraction, gold_leaf: Leaf, pred: Fraction, pred_leaf: Leaf) -> bool:
+        decimal = is_decimal(gold_leaf.text) or is_decimal(pred_leaf.text)
+        candidates = [(gold, pred)]
         # "28%" against "0.28": either side may carry the percent sign.
-        return (gold_pct and not pred_pct and numbers_close(gold / 100, pred, self.rel_tol)) or (
-            pred_pct and not gold_pct and numbers_close(gold, pred / 100, self.rel_tol)
-        )
+        if gold_leaf.percent and not pred_leaf.percent:
+            candidates.append((gold / 100, pred))
+        elif pred_leaf.percent and not gold_leaf.percent:
+            candidates.append((gold, pred / 100))
+        settings = self.settings
+        if any(numbers_equal(g, p, decimal, settings.float_rounding) for g, p in candidates):
+            return True
+        if settings.rel_tol > 0 and any(numbers_close(g, p, settings.rel_tol) for g, p in candidates):
+            return self._uses("numeric_tolerance", True)
+        approximate = settings.approximations and gold_leaf.percent == pred_leaf.percent
+        return approximate and self._uses("approximations", approximates(gold, pred_leaf.text))
 
     def _symbolic(self, gold: str, pred: str) -> bool:
         if self.symbolic is None:
             raise NeedsSymbolic
-        return self.symbolic(gold, pred)
+        return self.symbolic(gold, pred, self.used)
 
 
 def _key(node: Node) -> str:
@@ -205,5 +316,4 @@ def _key(node: Node) -> str:
 
 
 def _symbolic_text(leaf: Leaf) -> str:
-    text = leaf.text.replace("°", "\\cdot\\frac{\\pi}{180}")
-    return f"{text}\\%" if leaf.percent else text
+    return f"{leaf.text}\\%" if leaf.percent else leaf.text

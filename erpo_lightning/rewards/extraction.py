@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 from erpo_lightning.rewards.sentences import reduce_to_answer, sentence_prefix
 
 DEFAULT_FALLBACKS: tuple[str, ...] = ("final_answer", "answer_label", "conclusion")
+# How an answer was found: one box, several boxes read as a list, a textual marker, the whole short response.
+Source = Literal["box", "boxes", "marker", "bare", "none"]
 BARE_MAX_CHARS = 200
 
 _MARKERS: dict[str, re.Pattern[str]] = {
@@ -42,12 +45,17 @@ _DOUBLED_COMMAND = re.compile(
 _BACKSLASH_RUN = re.compile(r"\\\\(\\\\)?")
 
 
-def clean_text(text: str | bytes) -> str:
-    """Make untrusted text safe to regex: decode bytes, replace lone surrogates, undouble ``\\\\``."""
+def has_doubled_commands(text: str) -> bool:
+    """Whether ``text`` writes LaTeX commands with doubled backslashes (``\\\\frac``)."""
+    return _DOUBLED_COMMAND.search(text) is not None
+
+
+def clean_text(text: str | bytes, undouble: bool = True) -> str:
+    """Make untrusted text safe to regex: decode bytes, replace lone surrogates, undouble ``\\\\`` (``undouble``)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     text = str(text).encode("utf-8", "replace").decode("utf-8")
-    if _DOUBLED_COMMAND.search(text):
+    if undouble and _DOUBLED_COMMAND.search(text):
         text = _BACKSLASH_RUN.sub(lambda m: "\\\\" if m.group(1) else "\\", text)
     return text
 
@@ -91,13 +99,13 @@ def find_boxes(text: str) -> list[tuple[int, int, str | None]]:
     return boxes
 
 
-def _last_box_group(text: str, boxes: list[tuple[int, int, str | None]]) -> list[str] | None:
-    """Contents of the last box and of the boxes chained to it by connector text only."""
+def _last_box_group(text: str, boxes: list[tuple[int, int, str | None]], join: bool = True) -> list[str] | None:
+    """Contents of the last box and (when ``join``) of the boxes chained to it by connector text only."""
     start, _, content = boxes[-1]
     if content is None or not content.strip():
         return None
     group = [content]
-    for prev_start, prev_end, prev_content in reversed(boxes[:-1]):
+    for prev_start, prev_end, prev_content in reversed(boxes[:-1] if join else []):
         between = text[prev_end:start]
         if len(between) > _CONNECTOR_MAX_CHARS or not _CONNECTOR.fullmatch(between):
             break
@@ -131,33 +139,43 @@ def extract_answer(
     response: str | bytes,
     fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
     bare_max_chars: int = BARE_MAX_CHARS,
+    join_boxes: bool = True,
 ) -> str | None:
     """The final answer of a model response, or None when it has none.
 
-    The last ``\\boxed{}`` wins (several boxes joined only by connectors such as ", " or
-    "\\quad and" form one list answer); an empty or unterminated last box gives None. Without a
+    The last ``\\boxed{}`` wins (with ``join_boxes``, several boxes joined only by connectors such as
+    ", " or "\\quad and" form one list answer); an empty or unterminated last box gives None. Without a
     box, the configured ``fallbacks`` (names: ``final_answer``, ``answer_label``, ``conclusion``)
     are tried, and a response of at most ``bare_max_chars`` characters is a bare answer.
     """
+    return extract_final(response, fallbacks, bare_max_chars, join_boxes)[0]
+
+
+def extract_final(
+    response: str | bytes, fallbacks: Sequence[str], bare_max_chars: int, join_boxes: bool, undouble: bool = True
+) -> tuple[str | None, Source]:
+    """:func:`extract_answer`, and how the answer was found."""
     if unknown := _unknown_fallbacks(fallbacks):
         raise ValueError(f"unknown answer fallbacks: {unknown}")
-    text = strip_reasoning(clean_text(response))
+    text = strip_reasoning(clean_text(response, undouble))
     boxes = find_boxes(text)
     if boxes:
         # An explicit answer marker written after the last box restates the final answer.
         markers = [f for f in fallbacks if f != "conclusion"]
         restated = _from_markers(text[boxes[-1][1] :], markers)
         if restated and any(c.isdigit() or c == "\\" for c in restated):
-            return restated
-        group = _last_box_group(text, boxes)
-        return ", ".join(group) if group else None
+            return restated, "marker"
+        group = _last_box_group(text, boxes, join_boxes)
+        if not group:
+            return None, "none"
+        return ", ".join(group), "boxes" if len(group) > 1 else "box"
     answer = _from_markers(text, fallbacks)
     if answer:
-        return answer
+        return answer, "marker"
     text = text.strip()
     if not text or len(text) > bare_max_chars:
-        return None
-    return reduce_to_answer(text, allow_number=False)
+        return None, "none"
+    return reduce_to_answer(text, allow_number=False), "bare"
 
 
 def extract_gold(gold: str) -> str:
@@ -166,16 +184,21 @@ def extract_gold(gold: str) -> str:
     Every box of the gold counts (deduplicated, in order); an unterminated box runs to the end.
     A long gold without a box goes through the textual fallbacks; otherwise it is taken whole.
     """
-    text = strip_reasoning(clean_text(gold))
+    return extract_gold_parts(gold)[0]
+
+
+def extract_gold_parts(gold: str, join_boxes: bool = True, undouble: bool = True) -> tuple[str, bool]:
+    """:func:`extract_gold` (only its last box unless ``join_boxes``), and whether it joins several boxes."""
+    text = strip_reasoning(clean_text(gold, undouble))
     contents: list[str] = []
     for start, end, content in find_boxes(text):
         body = content if content is not None else text[start:end].split("{", 1)[1]
         if body.strip() and body not in contents:
             contents.append(body)
     if contents:
-        return ", ".join(contents)
+        return (", ".join(contents), len(contents) > 1) if join_boxes else (contents[-1], False)
     if len(text.strip()) > BARE_MAX_CHARS:
         answer = _from_markers(text, ("final_answer", "answer_label"))
         if answer:
-            return answer
-    return text.strip()
+            return answer, False
+    return text.strip(), False

@@ -5,30 +5,96 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Literal
 
 from erpo_lightning.rewards.compare import AnswerComparer, NeedsSymbolic
-from erpo_lightning.rewards.extraction import BARE_MAX_CHARS, DEFAULT_FALLBACKS, extract_answer, extract_gold
-from erpo_lightning.rewards.numbers import DEFAULT_REL_TOL
+from erpo_lightning.rewards.conventions import Preset, make_settings
+from erpo_lightning.rewards.extraction import (
+    BARE_MAX_CHARS,
+    DEFAULT_FALLBACKS,
+    extract_answer,
+    extract_final,
+    extract_gold_parts,
+    has_doubled_commands,
+)
 from erpo_lightning.rewards.pool import Outcome, VerifierPool
 
-_COUNTER_NAMES = ("items", "correct", "extraction_failures", "parse_failures", "timeouts", "worker_errors", "symbolic")
+Backend = Literal["erpo", "math_verify"]
+Status = Literal["graded", "no_answer", "too_long", "too_deep", "timeout", "error"]
+
+MAX_RESPONSE_CHARS = 200_000
+MAX_ANSWER_CHARS = 1_000
+MAX_DEPTH = 32
+
+_COUNTER_NAMES = (
+    "items",
+    "correct",
+    "extraction_failures",
+    "parse_failures",
+    "timeouts",
+    "worker_errors",
+    "symbolic",
+    "too_long",
+    "too_deep",
+    "errors",
+)
+_OPENING = frozenset("({[")
+_CLOSING = frozenset(")}]")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One graded pair: whether it is correct, how the verdict was reached and the conventions it relied on."""
+
+    correct: bool
+    status: Status = "graded"
+    conventions: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=4096)
-def _cached_gold(gold: str) -> str:
-    return extract_gold(gold)
+def _cached_gold(gold: str, join_boxes: bool, undouble: bool) -> tuple[str, bool]:
+    return extract_gold_parts(gold, join_boxes, undouble)
+
+
+def bracket_depth(text: str, stop_at: int) -> int:
+    """Deepest bracket nesting of ``text`` (``({[`` against ``)}]``); the scan stops once it exceeds ``stop_at``."""
+    depth = deepest = 0
+    for char in text:
+        if char in _OPENING:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_at:
+                    break
+        elif char in _CLOSING and depth:
+            depth -= 1
+    return deepest
 
 
 class MathReward:
     """Reward 1 for a response whose final answer equals the gold answer, else 0.
 
-    Answers are extracted (last ``\\boxed{}``, then ``fallbacks``), compared by cheap exact
-    rules in this process, and only the undecided pairs go to a pool of ``num_workers`` verifier
-    processes (sympy through Math-Verify), each pair within ``timeout_s`` seconds; a pair that
-    runs over scores ``incorrect_reward`` and is counted in ``timeouts``. ``num_workers=0``
-    verifies in-process, without any deadline: use it only where subprocesses are impossible.
-    Numbers are equal when exactly equal or within relative tolerance ``rel_tol``.
+    Answers are extracted (last ``\\boxed{}``, then ``fallbacks``), compared by cheap exact rules in this process,
+    and only the undecided pairs go to a pool of ``num_workers`` verifier processes (sympy through Math-Verify),
+    each pair within ``timeout_s`` seconds; a pair that runs over scores ``incorrect_reward`` and is counted in
+    ``timeouts``. ``num_workers=0`` verifies in-process, without any deadline: use it only where subprocesses are
+    impossible (or for answers known to be plain numbers).
+
+    Bounds, checked before anything is parsed: a response longer than ``max_response_chars`` characters, or an
+    extracted answer longer than ``max_answer_chars`` or nested deeper than ``max_depth`` brackets, scores 0 and is
+    counted (``too_long`` / ``too_deep``). What runs in this process is linear scans of at most
+    ``max_response_chars`` characters and comparisons of bounded answers; nothing raises into the caller.
+
+    Conventions (docs/rewards.md): ``preset`` ("strict", the default for training and evaluation, or "lenient"),
+    then ``accept_approximations`` (``1.414`` for ``\\sqrt{2}``; off in "strict"), ``rel_tol`` (relative tolerance
+    on numbers; 0 in "strict"), ``float_rounding`` (decimal places a written decimal is compared at, 6) and
+    ``conventions`` (name -> on/off for any other convention) override it.
+
+    ``backend="math_verify"`` grades with Math-Verify itself (its ``parse`` and ``verify`` on the gold and the whole
+    response, default settings) in the same worker pool under the same deadline, to reproduce work that used it;
+    conventions do not apply there.
     """
 
     def __init__(
@@ -38,23 +104,43 @@ class MathReward:
         fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
         correct_reward: float = 1.0,
         incorrect_reward: float = 0.0,
-        rel_tol: float = DEFAULT_REL_TOL,
+        rel_tol: float | None = None,
         bare_max_chars: int = BARE_MAX_CHARS,
-        start_method: str = "forkserver",
         worker_memory_mb: int = 2048,
+        preset: Preset = "strict",
+        accept_approximations: bool | None = None,
+        float_rounding: int | None = None,
+        conventions: dict[str, bool] | None = None,
+        backend: Backend = "erpo",
+        max_response_chars: int = MAX_RESPONSE_CHARS,
+        max_answer_chars: int = MAX_ANSWER_CHARS,
+        max_depth: int = MAX_DEPTH,
     ) -> None:
+        if backend not in ("erpo", "math_verify"):
+            raise ValueError(f"backend={backend!r}: choose 'erpo' or 'math_verify'")
+        for name, value in (("timeout_s", timeout_s), ("max_response_chars", max_response_chars),
+                            ("max_answer_chars", max_answer_chars), ("max_depth", max_depth)):  # fmt: skip
+            if value <= 0:
+                raise ValueError(f"{name}={value}: must be positive")
+        overrides = dict(conventions or {})
+        if accept_approximations is not None:
+            overrides["approximations"] = accept_approximations
+        self.settings = make_settings(preset, overrides, rel_tol=rel_tol, float_rounding=float_rounding)
+        self.preset = preset
         self.timeout_s = timeout_s
         self.num_workers = num_workers
         self.fallbacks = list(fallbacks)
         self.correct_reward = correct_reward
         self.incorrect_reward = incorrect_reward
-        self.rel_tol = rel_tol
         self.bare_max_chars = bare_max_chars
-        self.start_method = start_method
         self.worker_memory_mb = worker_memory_mb
+        self.backend = backend
+        self.max_response_chars = max_response_chars
+        self.max_answer_chars = max_answer_chars
+        self.max_depth = max_depth
         extract_answer("", self.fallbacks)  # validates the fallback names now, not mid-training
         self._pool: VerifierPool | None = None
-        self._in_process: AnswerComparer | None = None
+        self._in_process = None
         self._counts: Counter[str] = Counter()
 
     def __call__(self, responses: list[str], golds: list[str]) -> list[float]:
@@ -63,61 +149,136 @@ class MathReward:
 
     def verdicts(self, responses: list[str], golds: list[str]) -> list[bool]:
         """Whether each response's final answer equals its gold answer."""
+        return [verdict.correct for verdict in self.grade(responses, golds)]
+
+    def grade(self, responses: list[str], golds: list[str]) -> list[Verdict]:
+        """One :class:`Verdict` per pair: correctness, status and the conventions a correct verdict relied on."""
         if len(responses) != len(golds):
             raise ValueError(f"{len(responses)} responses but {len(golds)} golds")
-        cheap = AnswerComparer(None, self.rel_tol)
-        verdicts: list[bool] = [False] * len(responses)
-        undecided: list[tuple[int, tuple[str, str]]] = []
+        verdicts: list[Verdict] = [Verdict(False)] * len(responses)
+        extraction: dict[int, set[str]] = {}  # pair -> conventions its extraction relied on
+        tasks: list[tuple[int, tuple[str, str, str]]] = []
+        cheap = AnswerComparer(None, self.settings)
         for i, (response, gold) in enumerate(zip(responses, golds, strict=True)):
-            answer = extract_answer(response, self.fallbacks, self.bare_max_chars)
-            if answer is None:
-                self._counts["extraction_failures"] += 1
-                continue
-            pair = (_cached_gold(gold), answer)
             try:
-                verdicts[i] = cheap.equal(*pair)
-            except NeedsSymbolic:
-                undecided.append((i, pair))
-        for (i, _), outcome in zip(undecided, self._verify_symbolic([p for _, p in undecided]), strict=True):
-            verdicts[i] = outcome.equal
-            self._counts["parse_failures"] += min(outcome.parse_failures, 1)
-            self._counts["timeouts"] += outcome.timed_out
-            self._counts["worker_errors"] += outcome.crashed
+                verdict = self._quick(response, gold, cheap, i, tasks, extraction)
+            except (Exception, RecursionError):  # noqa: BLE001 - one bad pair scores 0, it never stops the batch
+                verdict = Verdict(False, "error")
+            if verdict is not None:
+                verdicts[i] = verdict
+        for (i, _), outcome in zip(tasks, self._verify([task for _, task in tasks]), strict=True):
+            verdicts[i] = self._from_outcome(outcome)
+        for i, names in extraction.items():
+            if verdicts[i].correct:
+                verdicts[i] = replace(verdicts[i], conventions=tuple(sorted({*verdicts[i].conventions, *names})))
         self._counts["items"] += len(responses)
-        self._counts["symbolic"] += len(undecided)
-        self._counts["correct"] += sum(verdicts)
+        self._counts["symbolic"] += len(tasks)
+        self._counts["correct"] += sum(v.correct for v in verdicts)
+        for status, counter in (("no_answer", "extraction_failures"), ("too_long", "too_long"),
+                                ("too_deep", "too_deep"), ("error", "errors")):  # fmt: skip
+            self._counts[counter] += sum(v.status == status for v in verdicts)
         return verdicts
 
-    def _verify_symbolic(self, pairs: list[tuple[str, str]]) -> list[Outcome]:
-        if not pairs:
+    def _quick(
+        self,
+        response: str | bytes,
+        gold: str,
+        cheap: AnswerComparer,
+        i: int,
+        tasks: list[tuple[int, tuple[str, str, str]]],
+        extraction: dict[int, set[str]],
+    ) -> Verdict | None:
+        """The bounded in-process part of pair ``i``; None when it was queued for a worker (``tasks``)."""
+        response = response.decode("utf-8", "replace") if isinstance(response, bytes) else str(response)
+        gold = str(gold)
+        if len(response) > self.max_response_chars:
+            return Verdict(False, "too_long")
+        if self.backend == "math_verify":
+            tasks.append((i, ("math_verify", gold, response)))
+            return None
+        settings = self.settings
+        answer, source = extract_final(
+            response, self.fallbacks, self.bare_max_chars, settings.multiple_boxes, settings.doubled_backslashes
+        )
+        if answer is None:
+            return Verdict(False, "no_answer")
+        if not settings.doubled_backslashes and has_doubled_commands(answer):
+            return Verdict(False)  # read literally, "\\frac" is a line break and a word (Math-Verify would undouble it)
+        if len(gold) > self.max_response_chars:
+            return Verdict(False, "too_long")
+        gold_answer, gold_joined = _cached_gold(gold, settings.multiple_boxes, settings.doubled_backslashes)
+        for text in (answer, gold_answer):
+            if bracket_depth(text, self.max_depth) > self.max_depth:
+                return Verdict(False, "too_deep")
+            if len(text) > self.max_answer_chars:
+                return Verdict(False, "too_long")
+        names = {"multiple_boxes"} if source == "boxes" or gold_joined else set()
+        names |= {"marker": {"answer_markers"}, "bare": {"bare_answers"}}.get(source, set())
+        if settings.doubled_backslashes and (has_doubled_commands(response) or has_doubled_commands(gold)):
+            names.add("doubled_backslashes")
+        extraction[i] = names
+        try:
+            equal = cheap.equal(gold_answer, answer)
+        except NeedsSymbolic:
+            tasks.append((i, ("erpo", gold_answer, answer)))
+            return None
+        return Verdict(equal, conventions=tuple(sorted(cheap.used)) if equal else ())
+
+    def _from_outcome(self, outcome: Outcome) -> Verdict:
+        self._counts["parse_failures"] += min(outcome.parse_failures, 1)
+        self._counts["timeouts"] += outcome.timed_out
+        self._counts["worker_errors"] += outcome.crashed
+        status: Status = "timeout" if outcome.timed_out else "error" if outcome.crashed else "graded"
+        return Verdict(outcome.equal, status, outcome.conventions)
+
+    def _verify(self, tasks: list[tuple[str, str, str]]) -> list[Outcome]:
+        if not tasks:
             return []
         if self.num_workers <= 0:
-            return [self._verify_in_process(pair) for pair in pairs]
+            return [self._verify_in_process(task) for task in tasks]
         if self._pool is None:
-            self._pool = VerifierPool(
-                self.num_workers,
-                self.timeout_s,
-                self.rel_tol,
-                self.start_method,
-                self.worker_memory_mb,
-            )
+            self._pool = VerifierPool(self.num_workers, self.timeout_s, self.settings, self.worker_memory_mb)
             weakref.finalize(self, self._pool.close)
-        return self._pool.run(pairs)
+        return self._pool.run(tasks)
 
-    def _verify_in_process(self, pair: tuple[str, str]) -> Outcome:
-        from erpo_lightning.rewards.symbolic import SympyBackend
+    def _verify_in_process(self, task: tuple[str, str, str]) -> Outcome:
+        from erpo_lightning.rewards.worker import Verifier
 
         if self._in_process is None:
-            self._in_process = AnswerComparer(SympyBackend(), self.rel_tol)
-        backend = self._in_process.symbolic
-        backend.parse_failures = 0
-        try:
-            return Outcome(self._in_process.equal(*pair), backend.parse_failures)
-        except (Exception, RecursionError):  # noqa: BLE001 - a bad input scores 0
-            return Outcome(False, backend.parse_failures, crashed=True)
+            self._in_process = Verifier(self.settings)
+        equal, parse_failures, conventions, crashed = self._in_process.run(*task)
+        return Outcome(equal, parse_failures, crashed=crashed, conventions=tuple(conventions))
+
+    def enabled_conventions(self) -> list[str]:
+        """Names of the conventions in force (docs/rewards.md), extraction conventions included."""
+        if self.backend == "math_verify":
+            return []
+        names = self.settings.enabled()
+        names += ["answer_markers"] if self.fallbacks else []
+        return names + (["bare_answers"] if self.bare_max_chars > 0 else [])
+
+    def describe(self) -> dict[str, object]:
+        """The grader's settings by name, as results files record them."""
+        own = {  # Math-Verify's defaults replace all of these under backend "math_verify"
+            "preset": self.preset,
+            "conventions_on": self.enabled_conventions(),
+            **self.settings.as_dict(),
+            "fallbacks": self.fallbacks,
+            "bare_max_chars": self.bare_max_chars,
+        }
+        return {
+            "class": f"{type(self).__module__}.{type(self).__name__}",
+            "backend": self.backend,
+            **(own if self.backend == "erpo" else {}),
+            "timeout_s": self.timeout_s,
+            "num_workers": self.num_workers,
+            "max_response_chars": self.max_response_chars,
+            "max_answer_chars": self.max_answer_chars,
+            "max_depth": self.max_depth,
+        }
 
     def counters(self) -> dict[str, float]:
-        """Counters since the previous call (then reset): items, timeouts, parse failures..."""
+        """Counters since the previous call (then reset): items, timeouts, parse failures, too long/deep..."""
         counts = {name: float(self._counts[name]) for name in _COUNTER_NAMES}
         self._counts.clear()
         return counts
@@ -145,7 +306,7 @@ _default: MathReward | None = None
 
 
 def verify_answer(response: str, gold: str) -> bool:
-    """Whether ``response``'s final answer equals ``gold`` (ad-hoc use; shared 1-worker pool)."""
+    """Whether ``response``'s final answer equals ``gold`` (ad-hoc use; shared 1-worker pool, default settings)."""
     global _default
     if _default is None:
         _default = MathReward(num_workers=1)

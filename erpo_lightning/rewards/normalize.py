@@ -17,8 +17,6 @@ _SUBSTITUTIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|bigg|Bigg)(?![A-Za-z])\.?", ""),
         (r"\\\$|\\euro|€|£", ""),
         (r"(?<!\\)\\[()\[\]]|\$", " "),
-        (r"(\d)\s*\{,\}\s*(?=\d{3})", r"\1"),
-        (r"(\d),\\!\s*(?=\d)", r"\1"),
         (r"\\q?quad|(?<!\\)\\[!,;: ]|~", " "),
         (r"\\text(?:normal|rm)?\{\s*(and|or)\s*\}", r" \1 "),
         (r"\\text(?:normal|rm)?\{\s*,\s*\}", ", "),
@@ -37,8 +35,15 @@ _SUBSTITUTIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\s+", " "),
     )
 )
+_THOUSANDS_MARKUP: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"(\d)\s*\{,\}\s*(?=\d{3})"), r"\1"),
+    (re.compile(r"(\d),\\!\s*(?=\d)"), r"\1"),
+)
 _TRAILING = re.compile(r"(?:\s|\.|\\(?![A-Za-z{}()\[\]]))+$")
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])")
+THOUSANDS_SEPARATOR = re.compile(
+    r"\d\s*\{,\}\s*\d{3}|\d,\\!\s*\d|(?<![\d.])\d{1,3} \d{3}(?![\d.])|" + _THOUSANDS.pattern
+)
 
 _TEXT_WRAPPER = re.compile(
     r"\\(?:text|textbf|textit|textnormal|textrm|mathrm|mathbf|mathit|mathcal|mathsf|mbox|rm)"
@@ -51,11 +56,18 @@ _DEGREE = re.compile(r"\s*°\s*$")
 _CHOICE = re.compile(r"\(([A-Z])\)")
 
 
-def normalize_answer(text: str) -> str:
-    """Remove presentation-only LaTeX from a whole answer; keep its mathematical content."""
+def normalize_answer(text: str, thousands: bool = True) -> str:
+    """Remove presentation-only LaTeX from a whole answer; keep its mathematical content.
+
+    ``thousands``: also remove thousands separators (``7,425,000``, ``10{,}080``, ``10,\\!080``).
+    """
+    if thousands:
+        for pattern, replacement in _THOUSANDS_MARKUP:
+            text = pattern.sub(replacement, text)
     for pattern, replacement in _SUBSTITUTIONS:
         text = pattern.sub(replacement, text)
-    text = _THOUSANDS.sub(lambda m: m.group().replace(",", ""), text)
+    if thousands:
+        text = _THOUSANDS.sub(lambda m: m.group().replace(",", ""), text)
     return _TRAILING.sub("", text).strip()
 
 
@@ -66,6 +78,8 @@ class Leaf:
     text: str
     percent: bool = False
     degrees: bool = False
+    units: bool = False
+    choice: bool = False
 
 
 def _unwrap_text(text: str) -> str:
@@ -74,18 +88,23 @@ def _unwrap_text(text: str) -> str:
     return text
 
 
-def normalize_leaf(text: str) -> Leaf:
-    """Normalize one item: drop trailing units, percent/degree signs and text wrappers."""
+def normalize_leaf(text: str, units: bool = True, choices: bool = True) -> Leaf:
+    """Normalize one item: drop percent/degree signs and text wrappers, trailing units when ``units`` and the
+    parentheses of a choice letter ``(C)`` when ``choices``."""
     text = text.strip()
-    stripped = _TEXT_UNIT.sub("", text)
-    if stripped.strip() and not stripped.strip().startswith("\\text"):
-        text = stripped
+    removed_units = False
+    if units:
+        stripped = _TEXT_UNIT.sub("", text).strip()
+        if stripped and stripped != text and not stripped.startswith("\\text"):
+            text, removed_units = stripped, True
     text = _unwrap_text(text).strip()
-    text = _WORD_UNIT.sub("", text)
+    if units and (stripped := _WORD_UNIT.sub("", text)) != text:
+        text, removed_units = stripped, True
     percent = bool(_PERCENT.search(text))
     text = _PERCENT.sub("", text)
     degrees = bool(_DEGREE.search(text))
     text = _DEGREE.sub("", text)
-    if choice := _CHOICE.fullmatch(text):
+    choice = _CHOICE.fullmatch(text) if choices else None
+    if choice:
         text = choice.group(1)
-    return Leaf(text.strip(), percent, degrees)
+    return Leaf(text.strip(), percent, degrees, removed_units, choice is not None)

@@ -1,8 +1,8 @@
 """Exact parsing of plain numbers written in LaTeX or text, without sympy.
 
 Numbers become :class:`fractions.Fraction` so that ``0.5``, ``1/2``, ``\\frac{1}{2}``,
-``5 \\times 10^{-1}`` and ``.5`` compare exactly; only comparisons against a decimal that was
-itself rounded need the relative tolerance of :func:`numbers_close`.
+``5 \\times 10^{-1}`` and ``.5`` compare exactly. A side written as a decimal is compared after rounding both
+sides to a number of places (:func:`numbers_equal`, as Math-Verify does); anything looser is a named convention.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fractions import Fraction
 
 # Exponents beyond this are refused: Fraction(10) ** 10**9 would never finish.
 MAX_EXPONENT = 400
-DEFAULT_REL_TOL = 1e-6
+DEFAULT_FLOAT_ROUNDING = 6
 
 _DECIMAL = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
 _PLAIN = re.compile(rf"({_DECIMAL})(?:[eE]([+-]?\d+))?")
@@ -43,20 +43,41 @@ def _mixed(match: re.Match[str]) -> Fraction | None:
     return -value if sign == "-" else value
 
 
-def parse_number(text: str) -> Fraction | None:
+def is_mixed_number(text: str) -> bool:
+    """Whether ``text`` is written as a mixed number (``3\\frac{1}{2}``, ``1 1/2``)."""
+    return _MIXED.fullmatch(text.strip()) is not None
+
+
+def is_scientific(text: str) -> bool:
+    """Whether ``text`` is a number in scientific notation (``1.5e3``, ``2.3 \\times 10^{-3}``)."""
+    text = text.strip()
+    m = _PLAIN.fullmatch(text)
+    return (m is not None and m.group(2) is not None) or _SCIENTIFIC.fullmatch(text) is not None
+
+
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is a number written with a decimal point (plain, or scientific): a float, not an exact value."""
+    text = text.strip()
+    plain = _PLAIN.fullmatch(text)
+    return "." in text and ((plain is not None and plain.group(2) is None) or is_scientific(text))
+
+
+def parse_number(text: str, mixed: bool = True, scientific: bool = True) -> Fraction | None:
     """The exact value of ``text`` if it is a plain number, else None.
 
-    Accepted: integers (leading zeros too), decimals (``.35``), ``1.5e3``,
-    ``1.5 \\times 10^{3}``, ``10^{3}``, ``a/b``, ``\\frac{a}{b}`` and mixed numbers
-    (``3\\frac{1}{2}``, ``1 1/2``). The caller removes thousands separators, units and signs
+    Accepted: integers (leading zeros too), decimals (``.35``), ``1.5e3`` and
+    ``1.5 \\times 10^{3}`` (when ``scientific``), ``10^{3}``, ``a/b``, ``\\frac{a}{b}`` and mixed numbers
+    (``3\\frac{1}{2}``, ``1 1/2``; when ``mixed``). The caller removes thousands separators, units and signs
     such as ``%`` beforehand.
     """
     text = text.strip()
     if len(text) > 200:
         return None
     if m := _PLAIN.fullmatch(text):
+        if m.group(2) and not scientific:
+            return None
         return _scaled(m.group(1), m.group(2) or "0")
-    if m := _SCIENTIFIC.fullmatch(text):
+    if scientific and (m := _SCIENTIFIC.fullmatch(text)):
         return _scaled(m.group(1), m.group(2))
     if m := _POWER_OF_TEN.fullmatch(text):
         return _scaled("1", m.group(1))
@@ -65,16 +86,22 @@ def parse_number(text: str) -> Fraction | None:
         return -value if value is not None and m.group(1) == "-" else value
     if m := _SLASH_FRACTION.fullmatch(text):
         return _ratio(m.group(1), m.group(2))
-    if m := _MIXED.fullmatch(text):
+    if mixed and (m := _MIXED.fullmatch(text)):
         return _mixed(m)
     return None
 
 
-def numbers_close(a: Fraction, b: Fraction, rel_tol: float = DEFAULT_REL_TOL) -> bool:
+def numbers_close(a: Fraction, b: Fraction, rel_tol: float) -> bool:
     """Exact equality, or a relative difference of at most ``rel_tol`` (of the larger magnitude)."""
     if a == b:
         return True
     return abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
+
+
+def numbers_equal(a: Fraction, b: Fraction, decimal: bool, float_rounding: int = DEFAULT_FLOAT_ROUNDING) -> bool:
+    """Exact equality; when either side was written as a decimal, equality after rounding both to ``float_rounding``
+    places (``0.333333`` equals 1/3 at 6 places, ``0.333`` does not)."""
+    return a == b or (decimal and round(a, float_rounding) == round(b, float_rounding))
 
 
 _ROUNDED_DECIMAL = re.compile(r"[+-]?(\d*)\.(\d{2,})")

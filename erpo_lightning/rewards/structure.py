@@ -18,7 +18,10 @@ _TOKEN = re.compile(
 )
 _OPEN = {"(", "[", "{", "\\{"}
 _CLOSE = {")", "]", "}", "\\}"}
-_MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array|smallmatrix)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.DOTALL)
+# One environment: its body holds no other \\begin or \\end (``A + B`` of two matrices is not one matrix).
+_MATRIX = re.compile(
+    r"\\begin\{([pbvBV]?matrix|array|smallmatrix)\}(?:\{[^{}]*\})?((?:(?!\\(?:begin|end)\{).)*)\\end\{\1\}", re.DOTALL
+)
 _PLUS_MINUS = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
 _MAX_ITEMS = 200
 
@@ -70,59 +73,65 @@ def _closing_index(text: str) -> int:
     return -1
 
 
-def _matrix(body: str, text: str) -> Seq:
+def _matrix(body: str, text: str, plus_minus: bool) -> Seq:
     rows = [r for r in re.split(r"\\\\", body) if r.strip()]
     cells = [[c.strip() for c in row.split("&")] for row in rows]
     if cells and all(len(row) == 1 for row in cells):
-        return Seq("vector", tuple(parse_item(row[0]) for row in cells), text)
-    return Seq("matrix", tuple(Seq("row", tuple(map(parse_item, row)), text) for row in cells), text)
+        return Seq("vector", tuple(parse_item(row[0], plus_minus) for row in cells), text)
+    rows_ = (Seq("row", tuple(parse_item(c, plus_minus) for c in row), text) for row in cells)
+    return Seq("matrix", tuple(rows_), text)
 
 
-def parse_item(text: str) -> Node:
-    """Structure of one item (no top-level list separators left in it)."""
+def parse_item(text: str, plus_minus: bool = True) -> Node:
+    """Structure of one item (no top-level list separators left in it); ``plus_minus``: expand ``\\pm`` items."""
     text = text.strip()
     if m := _MATRIX.fullmatch(text):
-        return _matrix(m.group(2), text)
+        return _matrix(m.group(2), text, plus_minus)
     if text.startswith("\\{") and text.endswith("\\}") and _closing_index(text) == len(text) - 1:
-        return Seq("set", tuple(map(parse_item, _items(text[2:-2], _TUPLE_SEPARATORS))), text)
+        items = _items(text[2:-2], _TUPLE_SEPARATORS, plus_minus)
+        return Seq("set", tuple(parse_item(i, plus_minus) for i in items), text)
     if text[:1] in "([{" and text[-1:] in ")]}" and _closing_index(text) == len(text) - 1:
         inner = split_top(text[1:-1], _TUPLE_SEPARATORS)
         if text[0] == "{" or text[-1] == "}":
-            return Seq("set", tuple(map(parse_item, _items(text[1:-1], _TUPLE_SEPARATORS))), text)
+            items = _items(text[1:-1], _TUPLE_SEPARATORS, plus_minus)
+            return Seq("set", tuple(parse_item(i, plus_minus) for i in items), text)
         if len(inner) == 1:
-            inside = parse_item(inner[0])
+            inside = parse_item(inner[0], plus_minus)
             return inside if isinstance(inside, Seq) or text[0] == "(" else text
-        return Seq(text[0] + text[-1], tuple(map(parse_item, inner)), text)
+        return Seq(text[0] + text[-1], tuple(parse_item(i, plus_minus) for i in inner), text)
     return text
 
 
-def _items(text: str, separators: frozenset[str]) -> list[str]:
-    """Non-empty top-level items, each ``\\pm`` item expanded into its two values."""
+def _items(text: str, separators: frozenset[str], plus_minus: bool = True) -> list[str]:
+    """Non-empty top-level items, each ``\\pm`` item expanded into its two values when ``plus_minus``."""
     items: list[str] = []
     for item in split_top(text, separators)[:_MAX_ITEMS]:
         if not item:
             continue
-        if len(_PLUS_MINUS.findall(item)) == 1:
+        if plus_minus and len(_PLUS_MINUS.findall(item)) == 1:
             items += [_PLUS_MINUS.sub("+", item), _PLUS_MINUS.sub("-", item)]
         else:
             items.append(item)
     return items
 
 
-def parse_answer(text: str) -> Node:
-    """Structure of a whole answer; several top-level items form an unordered list."""
-    text = normalize_answer(text)
+def parse_answer(text: str, thousands: bool = True, plus_minus: bool = True) -> Node:
+    """Structure of a whole answer; several top-level items form an unordered list.
+
+    ``thousands``: remove thousands separators first; ``plus_minus``: expand ``\\pm`` items into two values.
+    """
+    text = normalize_answer(text, thousands)
     groups = split_top(text, frozenset({";"}))
     if len(groups) > 1:
         nodes = [
-            Seq("()", tuple(map(parse_item, parts)), g)
-            if len(parts := _items(g, _LIST_SEPARATORS)) > 1
-            else parse_item(g)
+            Seq("()", tuple(parse_item(p, plus_minus) for p in parts), g)
+            if len(parts := _items(g, _LIST_SEPARATORS, plus_minus)) > 1
+            else parse_item(g, plus_minus)
             for g in groups
             if g
         ]
     else:
-        nodes = [parse_item(item) for item in _items(text, _LIST_SEPARATORS)]
+        nodes = [parse_item(item, plus_minus) for item in _items(text, _LIST_SEPARATORS, plus_minus)]
     if len(nodes) == 1:
         return nodes[0]
     return Seq("list", tuple(nodes), text)

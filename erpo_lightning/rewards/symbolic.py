@@ -16,11 +16,11 @@ from fractions import Fraction
 import sympy
 from math_verify import LatexExtractionConfig, parse, verify
 
+from erpo_lightning.rewards.conventions import GraderSettings
 from erpo_lightning.rewards.numbers import within_last_place
 
 MAX_SYMBOLIC_CHARS = 600
 MAX_NESTING = 24
-_FLOAT_ROUNDING = 6  # decimal places Math-Verify rounds floats to, consistent with rel_tol 1e-6
 
 _EXTRACTION = [LatexExtractionConfig()]
 _HUGE_EXPONENT = re.compile(r"\^\s*\{?\s*\d{6,}")
@@ -74,9 +74,13 @@ def too_costly(text: str) -> bool:
 
 
 class SympyBackend:
-    """Callable ``(gold, pred) -> bool`` that counts the sides it could not parse."""
+    """Callable ``(gold, pred, used) -> bool`` that counts the sides it could not parse.
 
-    def __init__(self) -> None:
+    ``used`` receives the conventions a True verdict relied on (``symbolic_extras``, ``approximations``).
+    """
+
+    def __init__(self, settings: GraderSettings | None = None) -> None:
+        self.settings = settings or GraderSettings()
         self.parse_failures = 0
 
     def parse(self, text: str) -> list | None:
@@ -93,24 +97,42 @@ class SympyBackend:
         self.parse_failures += 1
         return None
 
-    def __call__(self, gold: str, pred: str) -> bool:
+    def __call__(self, gold: str, pred: str, used: set[str] | None = None) -> bool:
+        used = set() if used is None else used
         gold_parsed, pred_parsed = self.parse(gold), self.parse(pred)
         if gold_parsed is None or pred_parsed is None:
             return False
-        if verify(gold_parsed, pred_parsed, float_rounding=_FLOAT_ROUNDING, timeout_seconds=None):
+        rounding = self.settings.float_rounding
+        if verify(gold_parsed, pred_parsed, float_rounding=rounding, timeout_seconds=None):
             return True
-        return _equal_beyond_verify(gold_parsed[0], pred_parsed[0], pred)
+        gold_value, pred_value = gold_parsed[0], pred_parsed[0]
+        if self.settings.approximations and _approximates_irrational(gold_value, pred_value, pred):
+            used.add("approximations")
+            return True
+        if self.settings.symbolic_extras and _equal_beyond_verify(gold_value, pred_value, rounding):
+            used.add("symbolic_extras")
+            return True
+        return False
 
 
-def _equal_beyond_verify(gold: object, pred: object, pred_text: str) -> bool:
-    """Rules Math-Verify lacks: written-out operations, ``i``, rounding, numeric identity."""
+def _approximates_irrational(gold: object, pred: object, pred_text: str) -> bool:
+    """``1.414`` for ``\\sqrt{2}``: a decimal at its last written place against an irrational number."""
+    if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr) or gold.free_symbols:
+        return False
+    if not (gold.is_number and gold.is_real and not gold.is_rational):
+        return False
+    return within_last_place(Fraction(float(gold)), pred_text)
+
+
+def _equal_beyond_verify(gold: object, pred: object, rounding: int) -> bool:
+    """Rules Math-Verify lacks: written-out operations, ``i``, numeric identity."""
     if not isinstance(gold, (sympy.Basic, sympy.MatrixBase)):
         return False
     if not isinstance(pred, (sympy.Basic, sympy.MatrixBase)):
         return False
     gold_done, pred_done = gold.doit(), pred.doit()
     if (gold_done, pred_done) != (gold, pred) and verify(
-        gold_done, pred_done, float_rounding=_FLOAT_ROUNDING, timeout_seconds=None
+        gold_done, pred_done, float_rounding=rounding, timeout_seconds=None
     ):
         return True  # e.g. a matrix sum written out against its value
     if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
@@ -118,9 +140,7 @@ def _equal_beyond_verify(gold: object, pred: object, pred_text: str) -> bool:
     symbols = gold.free_symbols | pred.free_symbols
     if {str(s) for s in symbols} == {"i"}:  # a lone i on both sides is the imaginary unit
         return sympy.simplify((gold - pred).subs({s: sympy.I for s in symbols})) == 0
-    if not symbols and gold.is_number and gold.is_real and not gold.is_rational:
-        return within_last_place(Fraction(float(gold)), pred_text)  # irrational gold
-    return gold.free_symbols == pred.free_symbols and _numerically_identical(gold, pred)
+    return bool(symbols) and gold.free_symbols == pred.free_symbols and _numerically_identical(gold, pred)
 
 
 def _numerically_identical(gold: sympy.Expr, pred: sympy.Expr) -> bool:

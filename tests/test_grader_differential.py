@@ -1,0 +1,153 @@
+"""Differential test against Math-Verify: MathReward never accepts what Math-Verify rejects, except by a convention.
+
+For every pair that MathReward marks correct and Math-Verify (default settings, a gold without LaTeX delimiters put in
+a box) marks wrong, the verdict must name the conventions it relied on, and each must be enabled. Pairs: the peer
+suite, every benchmark gold as its own answer, and >= 500 near misses generated from the benchmark golds (rounded,
+truncated, sign-flipped, off by one, swapped tuple elements, reordered intervals, wrong units, decimals of exact
+values). The near misses run in the fast tier; the peer suite and all 2,836 golds in the slow tier.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from math_verify import parse, verify
+
+from erpo_lightning.data.sources import BENCHMARK_DIR
+from erpo_lightning.rewards import MathReward
+
+PEER_CASES = Path(__file__).parent / "data" / "grader" / "peer_cases.jsonl"
+ISSUE_CASES = [("\\frac{1}{3}", "0.333"), ("\\sqrt{2}", "1.414"), ("e", "2.718"), ("12\\pi", "37.70")]
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_PAIR = re.compile(r"([(\[])\s*([^,()\[\]]+?)\s*,\s*([^,()\[\]]+?)\s*([)\]])")
+
+logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+
+
+def math_verify_accepts(gold: str, response: str) -> bool:
+    """Math-Verify's verdict, independently of the package (its defaults; a bare gold is boxed)."""
+    if not re.search(r"\$|\\\(|\\\[|\\boxed", gold):
+        gold = f"\\boxed{{{gold}}}"
+    if signal.getsignal(signal.SIGALRM) is None:  # pragma: no cover - Math-Verify needs the main thread
+        pytest.skip("Math-Verify's timeouts need signals")
+    return bool(verify(parse(gold), parse(response)))
+
+
+def _golds() -> list[str]:
+    return [str(json.loads(line)["answer"]) for path in sorted(BENCHMARK_DIR.glob("*.jsonl"))
+            for line in path.read_text().splitlines()]  # fmt: skip
+
+
+def _value(gold: str) -> float | None:
+    """The numeric value of a trusted gold (through Math-Verify's LaTeX parser), or None."""
+    try:
+        parsed = parse(f"${gold}$")
+        value = complex(parsed[0].evalf()) if parsed else None
+    except Exception:  # noqa: BLE001 - a gold that is not a number has no value
+        return None
+    return value.real if value is not None and value.imag == 0 and math.isfinite(value.real) else None
+
+
+def _written(number: float) -> str:
+    return str(int(number)) if number == int(number) else repr(number)
+
+
+def near_misses(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``count`` (gold, wrong-or-reformatted answer) pairs, deterministic for a seed."""
+    rng = random.Random(seed)
+    golds = _golds()
+    pairs: list[tuple[str, str]] = [(g, p) for g, p in ISSUE_CASES]
+    while len(pairs) < count:
+        gold = rng.choice(golds)
+        if (m := _PAIR.fullmatch(gold)) is not None:
+            left, a, b, right = m.groups()
+            pairs.append((gold, f"{left}{b}, {a}{right}"))  # swapped elements
+            pairs.append((gold, f"{'[' if left == '(' else '('}{a}, {b}{']' if right == ')' else ')'}"))  # ends
+            continue
+        value = _value(gold)
+        if value is None:
+            continue
+        if _NUMBER.fullmatch(gold):
+            number = float(gold)
+            pairs += [(gold, _written(-number) if number else "1"), (gold, _written(number + 1))]
+            pairs += [(gold, _written(number - 1)), (gold, f"{number:g}")]  # the last one may be e-notation
+            pairs.append((gold, f"{gold}\\text{{ cm}}"))  # units: a named convention
+            if "." in gold and len(gold.split(".")[1]) > 1:
+                pairs += [(gold, gold[:-1]), (gold, f"{round(number, len(gold.split('.')[1]) - 1)}")]
+        else:  # an exact non-integer form: its decimals must not pass unless approximations are on
+            digits = rng.choice([2, 3, 4, 5])
+            pairs += [(gold, f"{value:.{digits}f}"), (gold, f"{math.floor(value * 10**digits) / 10**digits}")]
+            pairs += [(gold, f"{-value:.6f}"), (gold, f"{value + 1:.6f}")]
+    return pairs
+
+
+def _check(reward: MathReward, pairs: list[tuple[str, str]], boxed: bool = True) -> dict[str, int]:
+    """``boxed``: each answer is put in a box inside a sentence; else it is the whole response."""
+    responses = [f"So the final answer is $\\boxed{{{p}}}$." if boxed else p for _, p in pairs]
+    verdicts = reward.grade(responses, [g for g, _ in pairs])
+    enabled = set(reward.enabled_conventions())
+    looser = []
+    for (gold, pred), response, verdict in zip(pairs, responses, verdicts, strict=True):
+        if pred == gold:
+            continue  # an answer written exactly as the gold is no leniency (Math-Verify rejects a few: "\\$36")
+        if verdict.correct and not math_verify_accepts(gold, response):
+            looser.append((gold, pred, verdict.conventions))
+    uncovered = [case for case in looser if not case[2] or not set(case[2]) <= enabled]
+    assert uncovered == [], uncovered[:20]
+    by_convention: dict[str, int] = {}
+    for *_, conventions in looser:
+        for name in conventions:
+            by_convention[name] = by_convention.get(name, 0) + 1
+    print(f"{len(pairs)} pairs, {len(looser)} accepted only by MathReward, by convention {by_convention}")
+    return by_convention
+
+
+@pytest.fixture(scope="module")
+def strict():
+    with MathReward(timeout_s=5.0, num_workers=2) as reward_fn:
+        yield reward_fn
+
+
+def test_issue_cases_score_zero_by_default_and_one_with_approximations(strict):
+    responses = [f"\\boxed{{{answer}}}" for _, answer in ISSUE_CASES]
+    golds = [gold for gold, _ in ISSUE_CASES]
+    assert strict(responses, golds) == [0.0] * 4
+    assert not any(math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True))
+    with MathReward(num_workers=1, accept_approximations=True) as lenient:
+        verdicts = lenient.grade(responses, golds)
+    assert [v.correct for v in verdicts] == [True] * 4
+    assert all(v.conventions == ("approximations",) for v in verdicts)
+
+
+def test_near_misses_are_never_looser_than_math_verify(strict):
+    assert "approximations" not in _check(strict, near_misses(120))
+
+
+@pytest.mark.slow
+def test_500_near_misses_are_never_looser_than_math_verify(strict):
+    pairs = near_misses(520, seed=2)
+    assert len(pairs) >= 500
+    assert "approximations" not in _check(strict, pairs)
+
+
+@pytest.mark.slow
+def test_lenient_preset_differences_are_all_named():
+    with MathReward(num_workers=2, preset="lenient") as lenient:
+        used = _check(lenient, near_misses(520, seed=1))
+    assert used.get("approximations", 0) > 0  # the generated decimals of exact values do reach the convention
+
+
+@pytest.mark.slow
+def test_peer_suite_and_every_benchmark_gold(strict):
+    cases = [json.loads(line) for line in PEER_CASES.read_text().splitlines()]
+    _check(strict, [(c["gold"], c["pred"]) for c in cases], boxed=False)
+    golds = _golds()
+    verdicts = strict.grade([f"The final answer is $\\boxed{{{g}}}$." for g in golds], golds)
+    assert [g for g, v in zip(golds, verdicts, strict=True) if not v.correct] == []

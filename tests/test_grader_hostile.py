@@ -1,0 +1,111 @@
+"""Generated hostile model outputs: every call returns a score within ``timeout_s + 1 s`` and nothing raises.
+
+Families: bracket nesting up to 100,000 levels (inside and outside ``\\boxed{}``), responses of 1-5 MB, mixed
+unicode (astral characters, lone surrogates, combining marks, right-to-left text, NUL bytes), long digit runs,
+unterminated boxes and large answers just under and over the size bounds. The fast tier feeds 50 of them; the
+``slow`` tier all 500.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from erpo_lightning.rewards import MathReward
+from erpo_lightning.rewards.math_reward import MAX_DEPTH, MAX_RESPONSE_CHARS
+
+TIMEOUT_S = 1.0
+_UNICODE = ["\U0001f600", "\ud800", "\udfff", "\u0301", "\u202e", "\x00", "∑", "√", "π", "\ufeff", "é", "𝔸", "\u200b"]
+_BRACKETS = [("{", "}"), ("(", ")"), ("[", "]"), ("\\left(", "\\right)"), ("\\frac{1}{", "}"), ("\\sqrt{", "}")]
+
+
+def _noise(rng: random.Random, size: int) -> str:
+    """``size`` characters of prose, LaTeX fragments and unusual unicode."""
+    pieces = ["The answer ", "\\boxed{", "}", "$", "\\frac{", "x^{", "12", " so ", "\\\\", *_UNICODE]
+    out: list[str] = []
+    length = 0
+    while length < size:
+        piece = rng.choice(pieces) * rng.randint(1, 40)
+        out.append(piece)
+        length += len(piece)
+    return "".join(out)[:size]
+
+
+def hostile_strings(count: int, seed: int = 0) -> list[str]:
+    """``count`` hostile responses, cycling through the families (deterministic for a seed)."""
+    rng = random.Random(seed)
+    families = [
+        lambda: "\\boxed{" + "{" * rng.randint(1_000, 100_000) + "1" + "}" * rng.randint(0, 100_000) + "}",
+        lambda: "\\boxed{" + "{" * (n := rng.randint(1_000, 99_000)) + "1" + "}" * n + "}",
+        lambda: "\\boxed{" + "".join(o for o, _ in [rng.choice(_BRACKETS)] * rng.randint(500, 50_000)) + "7}",
+        lambda: "(" * rng.randint(100, 400) + _noise(rng, rng.randint(1_000_000, 5_000_000)) + "\\boxed{5}",
+        lambda: _noise(rng, rng.randint(1_000_000, 5_000_000)),
+        lambda: "".join(rng.choice(_UNICODE) for _ in range(rng.randint(10, 5_000))) + "\\boxed{5}",
+        lambda: "The final answer is " + "9" * rng.randint(1_000, MAX_RESPONSE_CHARS - 100),
+        lambda: "\\boxed{" * rng.randint(1_000, 90_000) + "1",
+        lambda: "\\boxed{" + "1+" * rng.randint(10_000, 90_000) + "1}",
+        lambda: "\\boxed{" + "(" * (MAX_DEPTH - 1) + "5" + ")" * (MAX_DEPTH - 1) + "}",
+        lambda: _noise(rng, rng.randint(100, MAX_RESPONSE_CHARS - 1)),
+    ]
+    return [families[i % len(families)]() for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def reward():
+    with MathReward(timeout_s=TIMEOUT_S, num_workers=2) as reward_fn:
+        assert reward_fn(["\\boxed{\\sqrt{4}}"], ["2"]) == [1.0]  # starts the pool once
+        reward_fn.counters()
+        yield reward_fn
+
+
+def _feed(reward: MathReward, responses: list[str]) -> None:
+    slowest = 0.0
+    for response in responses:
+        start = time.monotonic()
+        scores = reward([response], ["5"])
+        elapsed = time.monotonic() - start
+        slowest = max(slowest, elapsed)
+        assert scores in ([0.0], [1.0])
+        assert elapsed <= TIMEOUT_S + 1.0, (elapsed, response[:200])
+    counters = reward.counters()
+    assert counters["items"] == len(responses)
+    assert counters["too_long"] > 0 and counters["too_deep"] > 0
+    assert counters["errors"] == 0  # nothing reached the in-process safety net
+    # The pool is still healthy afterwards.
+    assert reward(["\\boxed{\\frac{x^2-1}{x-1}}", "\\boxed{x+2}"], ["x+1", "x+1"]) == [1.0, 0.0]
+    print(f"{len(responses)} hostile responses, slowest {slowest:.2f} s, counters {counters}")
+
+
+def test_50_hostile_strings_score_within_the_deadline(reward):
+    _feed(reward, hostile_strings(50, seed=1))
+
+
+@pytest.mark.slow
+def test_500_hostile_strings_score_within_the_deadline(reward):
+    _feed(reward, hostile_strings(500, seed=2))
+
+
+def test_deep_and_long_answers_are_counted_zero():
+    with MathReward(num_workers=0, max_depth=8, max_answer_chars=50, max_response_chars=1_000) as reward:
+        deep = "\\boxed{" + "(" * 9 + "5" + ")" * 9 + "}"
+        shallow = "\\boxed{" + "(" * 8 + "5" + ")" * 8 + "}"
+        assert reward([deep, shallow], ["5", "5"]) == [0.0, 1.0]
+        assert reward(["\\boxed{" + "1" * 51 + "}", "x" * 1_001 + "\\boxed{5}"], ["1" * 51, "5"]) == [0.0, 0.0]
+        counters = reward.counters()
+    assert (counters["too_deep"], counters["too_long"], counters["items"]) == (1, 2, 4)
+
+
+def test_1500_nested_braces_in_a_rollout_batch():
+    """A rollout batch as RolloutCallback grades it (one call, group of responses), one with 1,500 nested ``{}``."""
+    nested = "Let me think. \\boxed{" + "{" * 1_500 + "7" + "}" * 1_500 + "}"
+    responses = ["\\boxed{7}", nested, "The final answer is $7$.", "\\boxed{8}"]
+    with MathReward(timeout_s=2.0, num_workers=1) as reward:
+        start = time.monotonic()
+        scores = reward(responses, ["7"] * len(responses))
+        elapsed = time.monotonic() - start
+        counters = reward.counters()
+    assert scores == [1.0, 0.0, 1.0, 0.0]
+    assert counters["too_deep"] == 1 and counters["items"] == 4
+    assert elapsed < 3.0
