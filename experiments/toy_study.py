@@ -1,23 +1,29 @@
-"""Issue 9, the toy study: GRPO, its two ERPO ablations, ERPO and GRPO + Policy-KL on the quickstart's toy task.
+"""The toy study: GRPO, its two ERPO ablations, ERPO (the paper's and the released preset) and GRPO + Policy-KL on the
+quickstart's shipped toy model and task.
 
-Every training run is the real command line, `erpo fit --config configs/quickstart.yaml` with one flag per method and
-seed, plus a generated callback config: Policy-KL is monitored for every method, and one temperature sweep on the
-held-out test problems (with the train-vs-eval gap on a fixed sample of training queries) runs after the last step.
-The very first run also sweeps before its first step: that is the base model's row. Then `toy_study_report` reads the
-runs' `metrics.csv` / `sweep_summary.json` and writes the report and its figures.
+Every training run is the real command line, `erpo fit --config configs/quickstart.yaml` with one flag set per method
+(METHODS) and seed, plus a generated callback config: Policy-KL is monitored for every method, and one temperature
+sweep on the held-out test problems (with the train-vs-eval gap on a fixed sample of training queries) runs after the
+last step. The very first run also sweeps before its first step: that is the base model's row. Then
+`toy_study_report` reads the runs' logs and writes the report, its figures and its claims (`toy_study_claims`).
 
-    python experiments/toy_study.py            # the full study: 5 methods x 3 seeds (see FULL)
-    python experiments/toy_study.py --quick    # 5 methods x 1 seed, 10 steps, a small sweep (CI smoke test)
+    python experiments/toy_study.py            # the full study: 6 methods x 5 seeds (see FULL)
+    python experiments/toy_study.py --quick    # 6 methods x 1 seed, 10 steps, a small sweep (CI smoke test)
+    python experiments/toy_study.py --out runs/rerun --report runs/rerun/toy_study.md   # a rerun, to compare:
+    python experiments/toy_study_compare.py runs/rerun
 
-The full study writes docs/toy_study.md (+ PNGs beside it), --quick writes runs/toy_study_quick/toy_study.md.
+The full study writes docs/toy_study.md (+ PNGs and toy_study_claims.json beside it), --quick writes
+runs/toy_study_quick/toy_study.md; every study writes `<out>/study.json` (methods, settings, model identity).
 
-Paths (`--workdir`, and `--out` / `--report` relative to it) default to the repository root, where the toy assets are
-built by `python -m erpo_lightning.toy --root .cache/toy-arith-v1`.
+Paths (`--workdir`, and `--out` / `--report` relative to it) default to the repository root. The model and task
+files are the shipped ones (erpo_lightning/toy/shipped under the work directory), checked against their manifest
+before the first run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -25,7 +31,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -33,17 +39,24 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toy_study_report import RunRecord, write_report  # noqa: E402
 
+from erpo_lightning.algorithms import ALGORITHMS  # noqa: E402
+from erpo_lightning.toy.ship import verify_shipped  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 ERPO = str(Path(sys.executable).with_name("erpo"))
 BASE_CONFIG = "configs/quickstart.yaml"
-TEST_FILE = ".cache/toy-arith-v1/test.jsonl"
+SHIPPED = Path("erpo_lightning/toy/shipped")  # relative to the work directory, as in BASE_CONFIG
+TEST_FILE = str(SHIPPED / "test.jsonl")
+STUDY_FILE = "study.json"
 
-# One flag set per method (README, "What ERPO changes"): the quickstart config is ERPO at lr 1e-4.
+# The study's methods: label -> `erpo fit` flags (README, "What ERPO changes"); the quickstart config is ERPO at lr
+# 1e-4. Claims (toy_study_claims.CLAIMS) name methods by these labels.
 METHODS: dict[str, list[str]] = {
     "grpo": ["--model.algorithm", "grpo"],
     "grpo + w(q)": ["--model.algorithm", "grpo", "--model.use_query_weights", "true"],
     "grpo + Query-KL": ["--model.algorithm", "grpo", "--model.query_kl_coef", "0.01"],
     "erpo": ["--model.algorithm", "erpo"],
+    "erpo_released": ["--model.algorithm", "erpo_released"],
     "grpo_kl": ["--model.algorithm", "grpo_kl"],
 }
 
@@ -60,10 +73,28 @@ class StudySettings:
     train_sample_size: int = 64  # training queries for the train-vs-eval gap
 
 
-# Measured on a quiet 2-core machine: ~0.38 s per RL step, ~10 s per run for start-up and both sweeps; 400 steps
-# make the 15 runs of the full study about 40 minutes, 50 steps x 5 runs took 2.6 min and --quick 0.9 min.
-FULL = StudySettings(steps=400, seeds=(0, 1, 2))
+# Measured on a quiet 2-core machine: ~0.38 s per RL step, ~10 s per run for start-up and both sweeps, so a 400-step
+# run takes ~3 min and the 30 runs of the full study about 1.5 hours; --quick took 0.9 min with 5 methods.
+FULL = StudySettings(steps=400, seeds=(0, 1, 2, 3, 4))
 QUICK = StudySettings(steps=10, seeds=(0,), eval_problems=40, eval_k=2, train_sample_size=16)
+
+
+def check_methods(methods: dict[str, list[str]]) -> None:
+    """Refuse, before any run, a method whose `--model.algorithm` is not a preset of erpo_lightning.algorithms."""
+    for label, flags in methods.items():
+        algorithm = flags[flags.index("--model.algorithm") + 1] if "--model.algorithm" in flags else "erpo"
+        if algorithm not in ALGORITHMS:
+            raise SystemExit(f"method {label!r}: --model.algorithm {algorithm!r} is not one of {sorted(ALGORITHMS)}")
+
+
+def study_description(methods: dict[str, list[str]], settings: StudySettings, model: dict, command: str) -> dict:
+    """What `<out>/study.json` and the claims file record: methods, settings, the shipped model's identity."""
+    return {
+        "methods": methods,
+        "settings": asdict(settings),
+        "model": {key: model[key] for key in ("sha256", "weights_sha256")},
+        "command": command,
+    }
 
 
 def run_slug(method: str) -> str:
@@ -132,6 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke-test settings (QUICK instead of FULL)")
     parser.add_argument("--steps", type=int, help="RL steps per run (overrides the preset)")
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (overrides the preset)")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), help="a subset of the methods (default all)")
     parser.add_argument("--eval-problems", type=int, help="held-out problems in the sweep (overrides the preset)")
     parser.add_argument("--train-sample-size", type=int, help="training queries for the gap (overrides the preset)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (CPU threads are split between them)")
@@ -151,9 +183,16 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {"steps": args.steps, "seeds": tuple(args.seeds) if args.seeds else None,
                  "eval_problems": args.eval_problems, "train_sample_size": args.train_sample_size}  # fmt: skip
     settings = replace(settings, **{key: value for key, value in overrides.items() if value is not None})
+    methods = {label: METHODS[label] for label in args.methods or METHODS}
+    check_methods(methods)
+    model = verify_shipped(args.workdir / SHIPPED)
+    command = " ".join(["python", "experiments/toy_study.py", *(sys.argv[1:] if argv is None else argv)])
+    study = study_description(methods, settings, model, command)
+    (args.workdir / args.out).mkdir(parents=True, exist_ok=True)
+    (args.workdir / args.out / STUDY_FILE).write_text(json.dumps(study, indent=1) + "\n")
     extra = shlex.split(args.fit_args)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    jobs = [(method, seed) for seed in settings.seeds for method in METHODS]
+    jobs = [(method, seed) for seed in settings.seeds for method in methods]
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [
@@ -162,8 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         records = [future.result() for future in futures]
     minutes = (time.monotonic() - start) / 60
-    command = " ".join(["python", "experiments/toy_study.py", *(sys.argv[1:] if argv is None else argv)])
-    write_report(records, settings, args.workdir / args.report, command, minutes, args.jobs)
+    write_report(records, settings, args.workdir / args.report, command, minutes, args.jobs, study)
     print(f"study done in {minutes:.1f} min: {args.workdir / args.report}")
 
 

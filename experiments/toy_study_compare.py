@@ -1,12 +1,13 @@
-"""Does a rerun of the toy study reproduce it? Compares two run directories number by number.
+"""Does a rerun of the toy study confirm its claims? One verdict per claim: held, not held or not checked.
 
-    python experiments/toy_study.py --out runs/toy_study_rerun --report runs/toy_study_rerun/toy_study.md
-    python experiments/toy_study_compare.py runs/toy_study runs/toy_study_rerun
+    python experiments/toy_study.py --out runs/rerun --report runs/rerun/toy_study.md
+    python experiments/toy_study_compare.py runs/rerun                  # against docs/toy_study_claims.json
 
-For every method and every number of the report's tables (final Query-KL, Policy-KL, entropy, train reward, Avg@k per
-temperature and the T ≤ 1.0 / T > 1.0 means, the train-vs-eval gap) it prints both means over seeds, their
-difference and the seed spread (the larger of the two standard deviations) as JSON. Exit status 1 when a difference
-exceeds the seed spread.
+The rerun (and `--shipped`) is a study's run directory (its claims are computed from the runs' logs, with the
+methods and settings of its `study.json`) or a claims file written beside a report (`*_claims.json`). Each claim of
+the shipped study that `holds` (or `fails`) is `held` when the rerun agrees in more than half of its seeds, `not held`
+otherwise; `mixed` claims, and claims whose methods the rerun did not run, are `not checked`
+(experiments/toy_study_claims.py). Exit status 1 when a claim is not held or none could be checked.
 """
 
 from __future__ import annotations
@@ -16,51 +17,71 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from toy_study import FULL, METHODS, latest_log_dir, run_slug  # noqa: E402
-from toy_study_report import RunRecord, collect, seed_std  # noqa: E402
+from toy_study import REPO, STUDY_FILE, StudySettings, latest_log_dir, run_slug  # noqa: E402
+from toy_study_claims import confirm, evaluate_all  # noqa: E402
+from toy_study_report import RunRecord, collect, estimators  # noqa: E402
+
+SHIPPED_CLAIMS = REPO / "docs" / "toy_study_claims.json"
 
 
-def load_runs(out: Path) -> list[RunRecord]:
+def load_runs(out: Path, methods: list[str]) -> list[RunRecord]:
     """Every finished (method, seed) run under a study's run directory (`<out>/<method slug>/seed<k>`)."""
     records = []
-    for method in METHODS:
+    for method in methods:
         for seed_dir in sorted((out / run_slug(method)).glob("seed*")):
-            records.append(RunRecord(method, int(seed_dir.name[4:]), latest_log_dir(seed_dir), 0.0))
+            if (seed_dir / "erpo").is_dir():
+                records.append(RunRecord(method, int(seed_dir.name[4:]), latest_log_dir(seed_dir), 0.0))
     if not records:
         raise SystemExit(f"no toy-study runs under {out}")
     return records
 
 
-def compare(first: Path, second: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """method -> quantity -> {first, second, difference, seed_std} (means over seeds)."""
-    tables = [collect(load_runs(out), FULL) for out in (first, second)]
-    result: dict[str, dict[str, dict[str, float]]] = {}
-    for method, quantities in tables[0].items():
-        for name, values in quantities.items():
-            if name == "minutes":
-                continue
-            a, b = np.asarray(values, dtype=float), np.asarray(tables[1][method][name], dtype=float)
-            spread = max(float(seed_std(a)), float(seed_std(b)))
-            result.setdefault(method, {})[name] = {
-                "first": float(a.mean()), "second": float(b.mean()),
-                "difference": float(b.mean() - a.mean()), "seed_std": float(spread),
-            }  # fmt: skip
-    return result
+def study_claims(path: Path) -> tuple[dict, list[dict]]:
+    """The study description and evaluated claims of a study: its run directory, or a `*_claims.json` file."""
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist (experiments/toy_study.py writes a study's claims beside its report)")
+    if path.is_file():
+        data = json.loads(path.read_text())
+        return data["study"], data["claims"]
+    if not (path / STUDY_FILE).is_file():
+        raise SystemExit(f"{path} is neither a claims file nor a study run directory (no {STUDY_FILE})")
+    study = json.loads((path / STUDY_FILE).read_text())
+    settings = StudySettings(**{key: tuple(v) if isinstance(v, list) else v for key, v in study["settings"].items()})
+    records = load_runs(path, list(study["methods"]))
+    return study, evaluate_all(collect(records, settings), estimators(records))
 
 
-def main() -> None:
+def compare(shipped: list[dict], rerun: list[dict]) -> list[tuple[str, dict, dict | None]]:
+    """(check, shipped claim, the rerun's claim or None) per shipped claim, matched by key."""
+    by_key = {claim["key"]: claim for claim in rerun}
+    return [(confirm(claim, by_key.get(claim["key"])), claim, by_key.get(claim["key"])) for claim in shipped]
+
+
+def summary(claim: dict | None) -> str:
+    """`verdict k/n (median m)` of one study's result on a claim."""
+    if claim is None:
+        return "absent"
+    median = "" if claim["median"] is None else f", median {claim['median']:.3g}"
+    return f"{claim['verdict']} {claim['k']}/{claim['n']} seeds{median}"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("first", type=Path, help="run directory of the study (e.g. runs/toy_study)")
-    parser.add_argument("second", type=Path, help="run directory of the rerun")
-    args = parser.parse_args()
-    result = compare(args.first, args.second)
-    outside = [f"{method}/{name}" for method, quantities in result.items() for name, q in quantities.items()
-               if abs(q["difference"]) > q["seed_std"]]  # fmt: skip
-    print(json.dumps({"quantities": result, "outside_seed_spread": outside}, indent=1))
-    sys.exit(1 if outside else 0)
+    parser.add_argument("rerun", type=Path, help="the rerun's run directory (e.g. runs/rerun) or its *_claims.json")
+    parser.add_argument("--shipped", type=Path, default=SHIPPED_CLAIMS,
+                        help="the study's claims file (default: the shipped one), or its run directory")  # fmt: skip
+    args = parser.parse_args(argv)
+    (study, shipped), (rerun_study, claims) = study_claims(args.shipped), study_claims(args.rerun)
+    ours, theirs = study["model"]["sha256"], rerun_study["model"]["sha256"]
+    print(f"model: the rerun's is {'the same as' if ours == theirs else 'NOT the same as'} the study's "
+          f"(sha256 {theirs[:16]}, study {ours[:16]})")  # fmt: skip
+    results = compare(shipped, claims)
+    for check, claim, theirs in results:
+        print(f"{check:<12} {claim['key']}: {claim['text']} | study: {summary(claim)} | rerun: {summary(theirs)}")
+    counts = {check: sum(result[0] == check for result in results) for check in ("held", "not held", "not checked")}
+    print(", ".join(f"{count} {check}" for check, count in counts.items()))
+    sys.exit(1 if counts["not held"] or not counts["held"] else 0)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
-"""The quickstart's toy task and model: problems, prompt format, pre-training, and the cached asset build."""
+"""The quickstart's toy task and model: problems, prompt format, pre-training, the cached asset build, and the
+shipped model (its identity and its greedy accuracy)."""
 
+import hashlib
 import json
 import operator
 import re
+import shutil
 from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.data.templates import render_prompt, tokenize_prompts
@@ -15,15 +19,20 @@ from erpo_lightning.rollout.engine import left_pad
 from erpo_lightning.tiny import build_byte_tokenizer
 from erpo_lightning.toy import (
     MAX_NEW_TOKENS,
+    SHIPPED_DIR,
     TOY_TEMPLATE_SUFFIX,
     PretrainConfig,
     ToyConfig,
+    compare_with_shipped,
     ensure_toy_assets,
     make_problems,
+    shipped_assets,
     toy_template,
+    verify_shipped,
 )
 from erpo_lightning.toy import assets as toy_assets
 from erpo_lightning.toy.pretrain import IGNORE_INDEX, collate, encode_examples, pretrain, sample_correct
+from erpo_lightning.toy.ship import file_sha256, ship, weights_sha256
 from erpo_lightning.toy.task import NUM_PROBLEMS
 
 PROBLEM = re.compile(r"Compute (\d+) ([+-]) (\d+) ([+-]) (\d+)\.")
@@ -204,3 +213,80 @@ def test_partial_stale_or_forced_builds_are_redone(tmp_path, monkeypatch):
 def test_default_root_follows_erpo_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("ERPO_CACHE_HOME", str(tmp_path))
     assert toy_assets.default_root() == tmp_path / "toy-arith-v1"
+
+
+# The shipped toy model's identity: sha256 of its files' `sha256sum` listing (manifest.json's `sha256`). Changing the
+# shipped files must change this line too, and re-measure SHIPPED_GREEDY_CORRECT.
+SHIPPED_SHA256 = "22f62e769ef1b3fd3127a3847ebab0d355a16ceea64634c359066b9bcc151310"
+# Greedy decoding of the shipped fp32 model on its 500 test problems: 240 right, measured with 1 and 2 threads and
+# batches of 7, 64 and 256. Exact on any machine: the smallest gap between the top two logits along the greedy
+# paths is 3.7e-3, far above the float32 rounding (~1e-6) that other kernels or batch shapes add to these logits.
+SHIPPED_GREEDY_CORRECT = 240
+
+
+def test_shipped_files_match_their_manifest_and_the_pinned_identity():
+    manifest = verify_shipped()
+    digests = {name: hashlib.sha256((SHIPPED_DIR / name).read_bytes()).hexdigest() for name in manifest["files"]}
+    listing = "".join(f"{digests[name]}  {name}\n" for name in sorted(digests))
+    assert hashlib.sha256(listing.encode()).hexdigest() == manifest["sha256"] == SHIPPED_SHA256
+    assert {"config.json", "model.safetensors", "train.jsonl", "test.jsonl"} <= set(manifest["files"])
+    assert sum((SHIPPED_DIR / name).stat().st_size for name in manifest["files"]) < 2_000_000
+    assets = shipped_assets()
+    assert assets.model_dir == SHIPPED_DIR and assets.manifest == manifest["build"]
+    train = [json.loads(line) for line in assets.train_file.read_text().splitlines()]
+    test = [json.loads(line) for line in assets.test_file.read_text().splitlines()]
+    assert len(test) == ToyConfig().num_test and len(train) == NUM_PROBLEMS - ToyConfig().num_test - ToyConfig().num_val
+    assert not {row["problem"] for row in train} & {row["problem"] for row in test}
+
+
+def test_shipped_base_model_greedy_accuracy_is_the_pinned_count():
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED_DIR)
+    test = [json.loads(line) for line in (SHIPPED_DIR / "test.jsonl").read_text().splitlines()]
+    greedy = sample_correct(model, tokenizer, test, MathReward(num_workers=0), temperature=0.0)
+    assert int(greedy.sum()) == SHIPPED_GREEDY_CORRECT
+    assert verify_shipped()["build"]["metrics"]["test_greedy_accuracy"] == round(SHIPPED_GREEDY_CORRECT / len(test), 4)
+
+
+def test_a_changed_missing_or_extra_shipped_file_is_named(tmp_path):
+    copy = tmp_path / "shipped"
+    shutil.copytree(SHIPPED_DIR, copy)
+    assert verify_shipped(copy)["sha256"] == SHIPPED_SHA256
+    with (copy / "train.jsonl").open("a") as handle:
+        handle.write("\n")
+    (copy / "notes.txt").write_text("not shipped")
+    (copy / "tokenizer.json").unlink()
+    with pytest.raises(ValueError) as error:
+        verify_shipped(copy)
+    assert all(word in str(error.value) for word in ("train.jsonl changed", "notes.txt not", "tokenizer.json missing"))
+    assert "config.json" not in str(error.value)
+
+
+def test_ship_writes_a_verifiable_copy_and_compare_tells_builds_apart(small_build, tmp_path):
+    _, assets, _ = small_build
+    target = tmp_path / "shipped"
+    manifest = ship(assets, target)
+    assert verify_shipped(target) == manifest and manifest["build"] == assets.manifest
+    assert (target / "model.safetensors").read_bytes() == (assets.model_dir / "model.safetensors").read_bytes()
+    same, lines = compare_with_shipped(assets, target)
+    assert same and len(lines) == 3 and all("same as shipped" in line for line in lines)
+    different, lines = compare_with_shipped(assets)  # the few-step build against the real shipped model
+    assert not different and "weights: DIFFERENT" in lines[0]
+    assert ship(assets, target)["sha256"] == manifest["sha256"]  # shipping again replaces the set in place
+    (target / "stray.bin").write_bytes(b"")
+    with pytest.raises(FileExistsError, match="stray.bin"):
+        ship(assets, target)
+
+
+def test_weights_hash_follows_the_tensors_not_the_file_layout(tmp_path):
+    tensors = load_file(SHIPPED_DIR / "model.safetensors")
+    shipped = verify_shipped()["weights_sha256"]
+    assert weights_sha256(SHIPPED_DIR / "model.safetensors") == shipped
+    save_file(tensors, tmp_path / "annotated.safetensors", metadata={"format": "pt", "saved_by": "another version"})
+    assert file_sha256(tmp_path / "annotated.safetensors") != file_sha256(SHIPPED_DIR / "model.safetensors")
+    assert weights_sha256(tmp_path / "annotated.safetensors") == shipped
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = torch.nextafter(tensors[name].view(-1)[0], torch.tensor(float("inf")))  # one ulp
+    save_file(tensors, tmp_path / "nudged.safetensors", metadata={"format": "pt"})
+    assert weights_sha256(tmp_path / "nudged.safetensors") != shipped

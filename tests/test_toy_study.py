@@ -1,5 +1,5 @@
-"""Smoke test of experiments/toy_study.py: every method trains and sweeps once, the report is written, and
-`toy_study_compare.py` tells a reproduced study from a changed one."""
+"""The toy study: its claims' arithmetic (paired per seed, verdicts, the rerun rule), and a smoke test of
+experiments/toy_study.py in quick mode whose report, claims file and compare command are checked on real runs."""
 
 import json
 import shutil
@@ -8,47 +8,166 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from test_quickstart import QUICK_TOY
+import pytest
+from test_quickstart import copy_quickstart_inputs
 
-from erpo_lightning.toy import ensure_toy_assets
+from erpo_lightning.algorithms import ALGORITHMS
+from erpo_lightning.toy import verify_shipped
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("grpo", "grpo + w(q)", "grpo + Query-KL", "erpo", "grpo_kl")
+sys.path.insert(0, str(REPO / "experiments"))
+from toy_study import METHODS, check_methods  # noqa: E402
+from toy_study_claims import CLAIMS, Claim, confirm, evaluate, verdict  # noqa: E402
+
+STUDY = [sys.executable, str(REPO / "experiments" / "toy_study.py")]
+COMPARE = [sys.executable, str(REPO / "experiments" / "toy_study_compare.py")]
+QUICK_METHODS = ["grpo", "erpo", "erpo_released"]  # two Query-KL estimators, so the common one is exercised
 
 
-def test_quick_toy_study_writes_report_and_figures(tmp_path):
-    ensure_toy_assets(tmp_path / ".cache" / "toy-arith-v1", config=QUICK_TOY)
-    shutil.copytree(REPO / "configs", tmp_path / "configs")
+def test_every_method_is_a_preset_and_every_claim_names_study_methods():
+    assert all(flags[flags.index("--model.algorithm") + 1] in ALGORITHMS for flags in METHODS.values())
+    check_methods(METHODS)
+    with pytest.raises(SystemExit, match="'typo'.*'grpp'"):
+        check_methods({"typo": ["--model.algorithm", "grpp"]})
+    assert {claim.method for claim in CLAIMS} | {claim.baseline for claim in CLAIMS} <= set(METHODS)
+    assert len({claim.key for claim in CLAIMS}) == len(CLAIMS)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "expected"),
+    [(5, 5, "holds"), (4, 5, "holds"), (3, 5, "mixed"), (2, 5, "mixed"), (1, 5, "fails"), (0, 5, "fails"),
+     (3, 3, "holds"), (2, 3, "mixed"), (1, 3, "mixed"), (0, 3, "fails"), (1, 1, "holds"), (0, 1, "fails"),
+     (0, 0, "n/a")],
+)  # fmt: skip
+def test_verdict_thresholds(k, n, expected):
+    # holds: k >= ceil(0.8 n); fails: k <= floor(0.2 n); by hand for n = 5: 4, 1; n = 3: 3, 0; n = 1: 1, 0.
+    assert verdict(k, n) == expected
+
+
+def test_claims_are_paired_within_each_seed():
+    table = {
+        "erpo": {"Query-KL": [0.01, 0.5, 0.02, 0.001, 0.03], "T>1.0": [0.20, 0.18, 0.25, 0.10, 0.30]},
+        "grpo": {"Query-KL": [1.0, 1.0, 0.1, 2.0, 0.2], "T>1.0": [0.19, 0.18, 0.20, 0.12, 0.25]},
+    }
+    kl = Claim("kl", "erpo below grpo / 10", "Query-KL", "erpo", "grpo", "ratio", "below", 0.1)
+    result = evaluate(kl, table, {"erpo": "sequence_k3", "grpo": "sequence_k3"})
+    # ratios seed by seed: 0.01, 0.5, 0.2, 0.0005, 0.15 -> below 0.1 in seeds 0 and 3 only.
+    assert result["per_seed"] == pytest.approx([0.01, 0.5, 0.2, 0.0005, 0.15])
+    assert (result["k"], result["n"], result["verdict"]) == (2, 5, "mixed")
+    assert result["median"] == pytest.approx(0.15) and result["column"] == "Query-KL"
+    accuracy = Claim("acc", "erpo above grpo", "T>1.0", "erpo", "grpo", "difference", "above", 0.0)
+    result = evaluate(accuracy, table, {})
+    # points: +1, 0, +5, -2, +5 -> above 0 (strictly) in 3 of 5.
+    assert result["per_seed"] == pytest.approx([1.0, 0.0, 5.0, -2.0, 5.0])
+    assert (result["k"], result["verdict"], result["median"]) == (3, "mixed", pytest.approx(1.0))
+    assert evaluate(replace_method(kl, "erpo_released"), table, {})["verdict"] == "n/a"  # a method not run
+
+
+def replace_method(claim: Claim, method: str) -> Claim:
+    return Claim(claim.key, claim.text, claim.quantity, method, claim.baseline, claim.paired, claim.side, claim.bound)
+
+
+def test_query_kl_claims_fall_back_to_the_common_estimator_across_estimators():
+    table = {
+        "erpo_released": {"Query-KL": [5.0], "Query-KL (common)": [0.01]},
+        "grpo": {"Query-KL": [1.0], "Query-KL (common)": [0.5]},
+    }
+    claim = Claim("kl", "released below grpo / 10", "Query-KL", "erpo_released", "grpo", "ratio", "below", 0.1)
+    result = evaluate(claim, table, {"erpo_released": "token_k3", "grpo": "sequence_k3"})
+    assert result["column"] == "Query-KL (common)" and result["per_seed"] == pytest.approx([0.02])
+    assert result["verdict"] == "holds"
+
+
+def test_a_rerun_confirms_a_firm_claim_in_a_majority_of_its_seeds():
+    def shipped(found: str) -> dict:
+        return {"verdict": found}
+
+    def rerun(k: int, n: int) -> dict:
+        return {"k": k, "n": n}
+
+    assert confirm(shipped("holds"), rerun(2, 3)) == "held"
+    assert confirm(shipped("holds"), rerun(1, 2)) == "not held"  # half is not a majority
+    assert confirm(shipped("holds"), rerun(0, 1)) == "not held"
+    assert confirm(shipped("fails"), rerun(1, 3)) == "held"
+    assert confirm(shipped("fails"), rerun(3, 5)) == "not held"
+    assert confirm(shipped("mixed"), rerun(5, 5)) == "not checked"
+    assert confirm(shipped("holds"), None) == "not checked" == confirm(shipped("holds"), rerun(0, 0))
+
+
+def set_logged(out: Path, method: str, column: str, value: float) -> None:
+    """Overwrite one logged training metric of a method's seed-0 run (every step) in its metrics.csv."""
+    [metrics_csv] = (out / method / "seed0").glob("erpo/version_*/metrics.csv")
+    frame = pd.read_csv(metrics_csv)
+    frame.loc[frame[column].notna(), column] = value
+    frame.to_csv(metrics_csv, index=False)
+
+
+@pytest.fixture(scope="module")
+def quick_study(tmp_path_factory) -> Path:
+    """One quick study (3 methods, 1 seed, 2 steps) run by the real script in a copy of the inputs; its run dir."""
+    workdir = tmp_path_factory.mktemp("study")
+    copy_quickstart_inputs(workdir)
     command = [
-        sys.executable, str(REPO / "experiments" / "toy_study.py"), "--quick", "--workdir", str(tmp_path),
+        *STUDY, "--quick", "--workdir", str(workdir), "--methods", *QUICK_METHODS,
         "--steps", "2", "--eval-problems", "4", "--train-sample-size", "4",
         "--fit-args=--data.batch_size 4 --rollout.group_size 4 --rollout.max_new_tokens 16",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    out = tmp_path / "runs" / "toy_study_quick"
+    return workdir / "runs" / "toy_study_quick"
+
+
+@pytest.mark.slow
+def test_quick_toy_study_writes_report_figures_and_claims(quick_study):
+    out = quick_study
     report = (out / "toy_study.md").read_text()
     for figure in ("toy_study_curves.png", "toy_study_evaluation.png"):
         assert (out / figure).stat().st_size > 10_000 and f"]({figure})" in report
-    tables = report.split("\n## ")
-    kl_table = next(t for t in tables if t.startswith("Final training metrics"))
-    accuracy_table = next(t for t in tables if t.startswith("Held-out accuracy"))
-    for method in METHODS:  # one row per method in each table (the accuracy table also has the base row)
-        assert sum(line.startswith(f"| {method} |") for line in kl_table.splitlines()) == 1, method
-        assert sum(line.startswith(f"| {method} |") for line in accuracy_table.splitlines()) == 1, method
-    assert "| base |" in accuracy_table
-    assert "n/a" not in kl_table  # Query-KL, Policy-KL and entropy are logged for every method
+    sections = report.split("\n## ")
+    kl_section = next(s for s in sections if s.startswith("Final training"))
+    kl_table = [line for line in kl_section.splitlines() if line.startswith("|")]
+    accuracy_table = next(s for s in sections if s.startswith("Held-out accuracy")).splitlines()
+    for method in QUICK_METHODS:  # one row per method in each table (the accuracy table also has the base row)
+        assert sum(line.startswith(f"| {method} |") for line in kl_table) == 1, method
+        assert sum(line.startswith(f"| {method} |") for line in accuracy_table) == 1, method
+    assert "| base |" in "\n".join(accuracy_table)
+    assert not any("n/a" in line for line in kl_table)  # both Query-KLs, Policy-KL and entropy logged for all
+    assert any(line.startswith("| erpo | `sequence_k3` |") for line in kl_table)
+    assert any(line.startswith("| erpo_released | `token_k3` |") for line in kl_table)
 
-    # The rerun check: a study compared with itself agrees; one whose final Query-KL moved is flagged.
-    compare = [sys.executable, str(REPO / "experiments" / "toy_study_compare.py")]
-    same = subprocess.run([*compare, str(out), str(out)], capture_output=True, text=True)
+    study = json.loads((out / "study.json").read_text())
+    claims = json.loads((out / "toy_study_claims.json").read_text())
+    assert claims["study"] == study and list(study["methods"]) == QUICK_METHODS
+    assert study["model"]["sha256"] == verify_shipped()["sha256"]
+    by_key = {claim["key"]: claim for claim in claims["claims"]}
+    assert list(by_key) == [claim.key for claim in CLAIMS]
+    ran = [c for c in CLAIMS if {c.method, c.baseline} <= set(QUICK_METHODS)]
+    assert all(by_key[c.key]["n"] == 1 and by_key[c.key]["verdict"] in ("holds", "fails") for c in ran)
+    assert all(by_key[c.key]["verdict"] == "n/a" for c in CLAIMS if c not in ran)
+    assert by_key["query_kl.erpo_released"]["column"] == "Query-KL (common)"
+    assert by_key["query_kl.erpo"]["column"] == "Query-KL"
+    assert all(f"): {c.text}." in report or f"**n/a**: {c.text}" in report for c in CLAIMS)
+
+
+@pytest.mark.slow
+def test_compare_confirms_a_study_with_itself_and_flags_a_claim_a_rerun_breaks(quick_study, tmp_path):
+    out = quick_study
+    claims = json.loads((out / "toy_study_claims.json").read_text())["claims"]
+    checked = sum(claim["verdict"] in ("holds", "fails") for claim in claims)
+    same = subprocess.run([*COMPARE, str(out), "--shipped", str(out / "toy_study_claims.json")],
+                          capture_output=True, text=True)  # fmt: skip
     assert same.returncode == 0, same.stdout + same.stderr
-    moved = tmp_path / "moved"
-    shutil.copytree(out, moved)
-    metrics_csv = next((moved / "erpo" / "seed0").glob("erpo/version_*/metrics.csv"))
-    frame = pd.read_csv(metrics_csv)
-    frame["train/query_kl"] += 1.0
-    frame.to_csv(metrics_csv, index=False)
-    changed = subprocess.run([*compare, str(out), str(moved)], capture_output=True, text=True)
+    assert "model: the rerun's is the same as the study's" in same.stdout
+    assert f"{checked} held, 0 not held, {len(CLAIMS) - checked} not checked" in same.stdout
+
+    # A study where erpo's Query-KL is 1/1000 of grpo's, and a rerun where it is half of it: that claim is not held.
+    study_dir, rerun_dir = tmp_path / "study", tmp_path / "rerun"
+    for directory, erpo_kl in ((study_dir, 0.001), (rerun_dir, 0.5)):
+        shutil.copytree(out, directory)
+        set_logged(directory, "grpo", "train/query_kl", 1.0)
+        set_logged(directory, "erpo", "train/query_kl", erpo_kl)
+    changed = subprocess.run([*COMPARE, str(rerun_dir), "--shipped", str(study_dir)], capture_output=True, text=True)
     assert changed.returncode == 1, changed.stdout + changed.stderr
-    assert json.loads(changed.stdout)["outside_seed_spread"] == ["erpo/Query-KL"]
+    lines = changed.stdout.splitlines()
+    assert any(line.startswith("not held     query_kl.erpo:") for line in lines), changed.stdout
+    assert sum(line.startswith("not held") for line in lines) == 1, changed.stdout

@@ -1,4 +1,5 @@
-"""Build once, then locate: the quickstart's pre-trained toy model and its train / held-out test splits.
+"""Build once, then locate: the toy model and its train / held-out test splits (the quickstart and the toy study use
+the shipped copy of one such build, `erpo_lightning/toy/ship.py`; this module is how it is rebuilt).
 
 `ensure_toy_assets()` draws the problems, pre-trains the model (a few minutes on two CPU cores) and writes
 
