@@ -90,7 +90,7 @@ class ERPOTrainer(Trainer):
         Args:
             force: recompute even when a matching cache exists.
         """
-        build_or_load_cache(datamodule, force=force, strategy=self.strategy if self.world_size > 1 else None)
+        build_or_load_cache(datamodule, force=force, strategy=self.strategy, module=model)
 
     def validate(
         self,

@@ -38,7 +38,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def test_registry_names_every_benchmark_and_the_training_set():
     for name in [*ROWS, "aime25", "math_level3to5"]:
         assert REGISTRY[name].hub_id, name
-    gsm8k_train = resolve_spec({"name": "gsm8k", "split": "train"})
+    gsm8k_train = resolve_spec({"name": "gsm8k", "split": "train", "hub": True})
     assert (gsm8k_train.hub_id, gsm8k_train.config, gsm8k_train.split) == ("openai/gsm8k", "main", "train")
     assert gsm8k_train.answer_transform == "after_hash"
     with pytest.raises(DataError, match="unknown benchmark 'math5000'"):
@@ -90,7 +90,8 @@ def test_content_hash_ids_are_stable_and_catch_duplicate_problems(tmp_path):
     assert [q.query_id for q in first] == [q.query_id for q in again]
     assert first[1].answer == "4"  # numbers are gold answers written as text
     write_jsonl(path, [*rows, {"question": "What is 1+1?", "gold": "two"}])
-    with pytest.raises(DataError, match=r"row 3, field 'question': duplicate id .* \(same problem text as row 1\)"):
+    duplicate = r"line 3, row 3, field 'question': duplicate id .* \(same problem text as row 1\)"
+    with pytest.raises(DataError, match=duplicate):
         load_queries(spec)
 
 
@@ -108,11 +109,11 @@ def test_bad_rows_are_errors_naming_file_row_and_field(tmp_path):
         load_queries({"path": str(path)})
     message = str(error.value)
     assert f"5 invalid row(s) in {path}" in message
-    assert f"{path} row 2, field 'answer'" in message
-    assert f"{path} row 3, field 'problem'" in message
-    assert f"{path} row 4, field 'problem'" in message
-    assert f"{path} row 5, field 'id': duplicate id 'bad/1' (same id as row 1)" in message
-    assert f"{path} row 6, field 'answer'" in message
+    assert f"{path} line 2, row 2, field 'answer'" in message
+    assert f"{path} line 3, row 3, field 'problem'" in message
+    assert f"{path} line 4, row 4, field 'problem'" in message
+    assert f"{path} line 5, row 5, field 'id': duplicate id 'bad/1' (same id as row 1)" in message
+    assert f"{path} line 6, row 6, field 'answer'" in message
     assert "skip_invalid: true" in message
 
     queries, skipped = load_queries({"path": str(path)}, skip_invalid=True)

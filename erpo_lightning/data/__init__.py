@@ -9,9 +9,14 @@ A training batch (what `QueryDataModule.train_dataloader` yields) is a dict:
     ref_query_nll FloatTensor [B]   -ℓθ0(q), the summed reference NLL of the query's scored tokens (nats)
 """
 
-from erpo_lightning.data.cache import ReferenceScoreCache
+from erpo_lightning.data.cache import CacheCorruptError, ReferenceScoreCache
 from erpo_lightning.data.compute import ScoreSettings, assemble, compute_reference_scores, score_shard
-from erpo_lightning.data.datamodule import QueryDataModule, build_or_load_cache, load_reference_model
+from erpo_lightning.data.datamodule import (
+    QueryDataModule,
+    build_or_load_cache,
+    load_reference_model,
+    policy_compute_dtype,
+)
 from erpo_lightning.data.fingerprint import CacheMismatchError
 from erpo_lightning.data.prepare import PreparedQueries, prepare_queries
 from erpo_lightning.data.sources import REGISTRY, DataError, Query, SourceSpec, load_queries
@@ -20,6 +25,7 @@ from erpo_lightning.data.templates import PRESETS, PromptTemplate, render_prompt
 __all__ = [
     "PRESETS",
     "REGISTRY",
+    "CacheCorruptError",
     "CacheMismatchError",
     "DataError",
     "PreparedQueries",
@@ -34,6 +40,7 @@ __all__ = [
     "compute_reference_scores",
     "load_queries",
     "load_reference_model",
+    "policy_compute_dtype",
     "prepare_queries",
     "render_prompt",
     "resolve_template",

@@ -1,21 +1,37 @@
 """The frozen-reference query score cache: per-token log-probs of every training query under the initial policy θ0.
 
-Stored as one safetensors file plus a JSON manifest (what it was computed from, see `fingerprint.py`). The trainer
-reads it through `ReferenceScoreCache.padded`, which lines the cached values up with left-padded prompt tokens.
+Stored as one safetensors file plus a JSON manifest (what it was computed from, see `fingerprint.py`). The scores
+file carries the manifest's fingerprint and its row count in its own metadata, so a scores file copied from another
+cache, cut short or damaged is refused on load (`CacheCorruptError`, naming the file and how to rebuild it) instead
+of training against the wrong numbers. The trainer reads the scores through `ReferenceScoreCache.padded`, which
+lines the cached values up with left-padded prompt tokens.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 
 SCORES_FILE = "scores.safetensors"
 MANIFEST_FILE = "manifest.json"
+TENSORS = ("logprobs", "offsets", "nll", "num_tokens")
+REBUILD_HINT = "rebuild it with `erpo cache --config <your config> --force true`"
+
+
+class CacheCorruptError(RuntimeError):
+    """A cache file that cannot be used as it is: unreadable, cut short, inconsistent, or not its manifest's."""
+
+    def __init__(self, path: Path, reason: str, legacy: bool = False) -> None:
+        super().__init__(f"{path}: {reason}; {REBUILD_HINT} (or delete {path.parent})")
+        self.path, self.reason = path, reason
+        self.legacy = legacy  # intact, but written before scores files carried their manifest's fingerprint
 
 
 @dataclass
@@ -84,28 +100,91 @@ class ReferenceScoreCache:
     def to(self, device: torch.device | str) -> ReferenceScoreCache:
         return ReferenceScoreCache(*(t.to(device) for t in (self.logprobs, self.offsets, self.nll, self.num_tokens)))
 
-    def save(self, path: str | Path) -> None:
-        tensors = {"logprobs": self.logprobs, "offsets": self.offsets, "nll": self.nll, "num_tokens": self.num_tokens}
-        atomic_save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, Path(path))
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+        """Write the scores with `metadata` (text key/values, e.g. the manifest's fingerprint) in the file header."""
+        tensors = {name: getattr(self, name).contiguous().cpu() for name in TENSORS}
+        meta = {"num_queries": str(len(self)), "num_prompt_tokens": str(self.logprobs.numel()), **(metadata or {})}
+        atomic_save_file(tensors, Path(path), meta)
 
     @classmethod
-    def load(cls, path: str | Path) -> ReferenceScoreCache:
-        tensors = load_file(str(path))
-        return cls(tensors["logprobs"], tensors["offsets"], tensors["nll"], tensors["num_tokens"])
+    def load(
+        cls, path: str | Path, fingerprint: str | None = None, lengths: Sequence[int] | None = None
+    ) -> ReferenceScoreCache:
+        """Read a scores file and check it against what the run expects.
+
+        Args:
+            fingerprint: the manifest's `fingerprint_digest`; the file must carry the same one (None: not checked).
+            lengths: this run's prompt lengths in tokens, one per query; the file must hold exactly these rows.
+        Raises:
+            CacheCorruptError naming the file and what is wrong with it.
+        """
+        path = Path(path)
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        except (SafetensorError, OSError) as error:
+            raise CacheCorruptError(path, f"unreadable ({type(error).__name__}: {error})") from None
+        missing = [name for name in TENSORS if name not in tensors]
+        if missing:
+            raise CacheCorruptError(path, f"no {', '.join(missing)} tensor(s) (not a reference score file)")
+        cache = cls(*(tensors[name] for name in TENSORS))
+        if fingerprint is not None and "fingerprint" not in metadata:
+            raise CacheCorruptError(path, "it carries no fingerprint (written by an older version)", legacy=True)
+        problem = cache._inconsistency(metadata)
+        if problem is None and fingerprint is not None and metadata["fingerprint"] != fingerprint:
+            problem = (
+                f"its scores were computed for fingerprint {metadata['fingerprint']}, its manifest is {fingerprint} "
+                "(a scores file from another cache?)"
+            )
+        if problem is None and lengths is not None:
+            problem = cache._length_mismatch(lengths)
+        if problem is not None:
+            raise CacheCorruptError(path, problem)
+        return cache
+
+    def _inconsistency(self, metadata: dict[str, str]) -> str | None:
+        """What makes the tensors disagree with each other or with the row count in `metadata`, or None."""
+        offsets, rows = self.offsets, self.nll.numel()
+        if offsets.dim() != 1 or offsets.numel() != rows + 1 or self.num_tokens.numel() != rows:
+            return f"{rows} NLLs, {self.num_tokens.numel()} token counts and {offsets.numel()} offsets do not agree"
+        if metadata.get("num_queries") != str(rows):
+            return f"it holds {rows} rows, its header says {metadata.get('num_queries')} (cut short or rewritten)"
+        if offsets[0] != 0 or (offsets[1:] < offsets[:-1]).any() or offsets[-1] != self.logprobs.numel():
+            return f"its offsets do not cover its {self.logprobs.numel()} log-probs"
+        if not (torch.isfinite(self.logprobs).all() and torch.isfinite(self.nll).all()):
+            return "it holds NaN or infinite scores"
+        return None
+
+    def _length_mismatch(self, lengths: Sequence[int]) -> str | None:
+        if len(self) != len(lengths):
+            return f"it holds scores of {len(self)} queries, this run has {len(lengths)}"
+        differ = (self.lengths != torch.as_tensor(list(lengths), dtype=self.lengths.dtype)).nonzero()
+        if len(differ):
+            q = int(differ[0])
+            return f"query {q} has {int(self.lengths[q])} scored tokens in the file, {lengths[q]} in this run's prompt"
+        return None
 
 
-def atomic_save_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """`safetensors.save_file` via a temporary file, so an interrupted write never leaves a truncated file."""
+def atomic_save_file(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file via a temporary file and a rename, so an interrupted write never leaves a cut file.
+
+    Written with `open`, so the file gets the usual permissions (umask), not the 0600 of `safetensors.save_file`.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp))
+    with open(tmp, "wb") as handle:
+        handle.write(save(tensors, metadata))
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
 
 
-def write_cache(directory: str | Path, cache: ReferenceScoreCache, manifest: dict) -> Path:
-    """Write scores then manifest (the manifest last: its presence marks a complete cache). Returns the directory."""
+def write_cache(directory: str | Path, cache: ReferenceScoreCache, manifest: dict, fingerprint: str) -> Path:
+    """Write scores (carrying `fingerprint`, the manifest's digest) then the manifest, whose presence marks a complete
+    cache. Returns the directory."""
     directory = Path(directory)
-    cache.save(directory / SCORES_FILE)
+    cache.save(directory / SCORES_FILE, {"fingerprint": fingerprint, "dtype": str(manifest.get("dtype"))})
     tmp = directory / f".{MANIFEST_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     os.replace(tmp, directory / MANIFEST_FILE)
@@ -113,8 +192,18 @@ def write_cache(directory: str | Path, cache: ReferenceScoreCache, manifest: dic
 
 
 def read_manifest(directory: str | Path) -> dict | None:
-    """The manifest of a complete cache in `directory`, or None when there is none."""
+    """The manifest of a complete cache in `directory`, or None when there is none.
+
+    Raises:
+        CacheCorruptError when the manifest is not a JSON object.
+    """
     path = Path(directory) / MANIFEST_FILE
     if not (path.is_file() and (Path(directory) / SCORES_FILE).is_file()):
         return None
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CacheCorruptError(path, f"unreadable ({type(error).__name__}: {error})") from None
+    if not isinstance(manifest, dict):
+        raise CacheCorruptError(path, f"a JSON {type(manifest).__name__}, not a manifest object")
+    return manifest

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from erpo_lightning.data.cache import ReferenceScoreCache, atomic_save_file
@@ -81,12 +82,16 @@ def score_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> lis
     return [token_logprobs[row, : len(ids)].clone() for row, ids in enumerate(prompts)]
 
 
-def _load_chunk(path: Path, expected: list[int]) -> Shard | None:
-    """A chunk written by an earlier run, if it holds exactly the expected queries."""
+def _load_chunk(path: Path, expected: list[int], lengths: list[int]) -> Shard | None:
+    """A chunk written by an earlier run, if it is readable and holds exactly the expected queries (else recomputed)."""
     if not path.is_file():
         return None
-    chunk = load_file(str(path))
-    return chunk if chunk["query_index"].tolist() == expected else None
+    try:
+        chunk = load_file(str(path))
+        same = chunk["query_index"].tolist() == expected and chunk["lengths"].tolist() == [lengths[i] for i in expected]
+        return chunk if same and chunk["logprobs"].numel() == sum(chunk["lengths"].tolist()) else None
+    except (SafetensorError, OSError, KeyError):  # a damaged chunk is recomputed like a missing one
+        return None
 
 
 def score_shard(
@@ -121,7 +126,7 @@ def score_shard(
         task = bar.add_task(f"reference scores (rank {rank}/{world_size})", total=total)
         for chunk_number, chunk in chunks:
             path = Path(chunk_dir) / f"chunk_{chunk_number:06d}.safetensors" if chunk_dir else None
-            result = _load_chunk(path, chunk) if path and resume else None
+            result = _load_chunk(path, chunk, lengths) if path and resume else None
             if result is None:
                 result = _score_chunk(model, prompts, lengths, chunk, settings, lambda n: bar.advance(task, n))
                 if path:

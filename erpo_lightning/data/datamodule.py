@@ -16,11 +16,12 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from erpo_lightning.data.cache import SCORES_FILE, ReferenceScoreCache, read_manifest, write_cache
+from erpo_lightning.data.cache import SCORES_FILE, CacheCorruptError, ReferenceScoreCache, read_manifest, write_cache
 from erpo_lightning.data.compute import Gather, ScoreSettings, compute_reference_scores
 from erpo_lightning.data.fingerprint import build_manifest, cache_home, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
@@ -32,6 +33,7 @@ from erpo_lightning.objectives import batch_query_weights, query_weights
 
 WeightSource = Literal["reference", "current", "none"]
 WeightNorm = Literal["dataset", "batch"]
+Dtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_CACHE_ROOT = cache_home() / "reference"
 
 
@@ -72,7 +74,9 @@ class QueryDataModule(LightningDataModule):
         cache_dir: where the reference score cache lives; None uses a directory named by the fingerprint under
             $ERPO_CACHE_HOME (default ~/.cache/erpo_lightning), so a changed model or data never meets a stale cache.
         cache_force: recompute the cache even if one exists.
-        cache_dtype: dtype of the reference forward ("float32", "bfloat16", "float16").
+        cache_dtype: dtype of the reference forward ("float32", "bfloat16", "float16"); None (the default) takes
+            the policy's compute dtype (`policy_compute_dtype`), so that Query-KL at θ0 compares like with like.
+            A value that differs from the policy's compute dtype is refused.
         cache_device: device of the reference forward; None uses the trainer's device (else CUDA if available).
         cache_max_tokens, cache_batch_size, cache_chunk_size: see `ScoreSettings`.
         cache_engine: "transformers" (a forward with `scoring.sequence_logprobs`, what the trainer uses) or "vllm"
@@ -101,7 +105,7 @@ class QueryDataModule(LightningDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         cache_force: bool = False,
-        cache_dtype: str = "float32",
+        cache_dtype: Dtype | None = None,
         cache_device: str | None = None,
         cache_max_tokens: int = 16384,
         cache_batch_size: int = 64,
@@ -147,10 +151,15 @@ class QueryDataModule(LightningDataModule):
         return self.data
 
     def setup(self, stage: str | None = None) -> None:
+        fitting = stage in ("fit", None) and self.cache is None
+        trainer = self.trainer
+        module = trainer.lightning_module if trainer is not None else None
+        strategy = trainer.strategy if trainer is not None else None
+        if fitting:
+            self.reference_dtype(module, strategy)  # a dtype conflict fails before the data is read
         self.prepare_queries()
-        if stage in ("fit", None) and self.cache is None:
-            strategy = self.trainer.strategy if self.trainer is not None else None
-            self.attach_cache(self.build_or_load_cache(strategy=strategy))
+        if fitting:
+            self.attach_cache(self.build_or_load_cache(strategy=strategy, module=module))
 
     def attach_cache(self, cache: ReferenceScoreCache) -> None:
         """Use `cache` for the batches: its NLL and, with dataset normalisation, the weights w(q) derived from it."""
@@ -225,8 +234,31 @@ class QueryDataModule(LightningDataModule):
 
     # -- reference score cache --------------------------------------------------------------------------------------
 
-    def cache_manifest(self) -> dict:
-        """The fingerprint of the cache this configuration needs (hashes the model's weight files)."""
+    def reference_dtype(self, module=None, strategy=None) -> str:
+        """The dtype of the reference forward: `cache_dtype`, or the policy's compute dtype when that is None.
+
+        Raises:
+            ValueError when `cache_dtype` is set and differs from the policy's compute dtype: the cached θ0 scores
+            would then differ from the policy's own at θ0 by the rounding of another dtype (a first-step Query-KL of
+            2e-4 to 1e-3 on the tiny model in bfloat16 against a float32 cache), which its gradient would pull towards.
+        """
+        policy = policy_compute_dtype(module, strategy)
+        if self.cache_dtype is None:
+            return policy or "float32"
+        if policy is not None and policy != self.cache_dtype:
+            raise ValueError(
+                f"data.cache_dtype is {self.cache_dtype} but the policy computes in {policy} (model.dtype / "
+                "model.fsdp_mixed_precision): reference scores must come from the policy's own precision; set "
+                f"data.cache_dtype: {policy}, or null to follow the policy"
+            )
+        return self.cache_dtype
+
+    def cache_manifest(self, dtype: str | None = None) -> dict:
+        """The fingerprint of the cache this configuration needs (hashes the model's weight files).
+
+        Args:
+            dtype: the reference forward's dtype (default: `reference_dtype()` without a policy to follow).
+        """
         data = self.prepare_queries()
         manifest = build_manifest(
             self.model_path,
@@ -234,41 +266,48 @@ class QueryDataModule(LightningDataModule):
             data.queries,
             data.prompt_ids,
             self.max_prompt_length,
-            self.cache_dtype,
+            dtype or self.reference_dtype(),
         )
         return {**manifest, "engine": self.cache_engine}
 
-    def build_or_load_cache(self, force: bool | None = None, strategy=None) -> ReferenceScoreCache:
+    def build_or_load_cache(
+        self, force: bool | None = None, strategy=None, module=None, repair: bool = False
+    ) -> ReferenceScoreCache:
         """Load the cache if it exists and matches this run; otherwise compute it and write it (rank 0).
 
         Args:
             force: recompute even if a cache exists (default: `cache_force`).
             strategy: a Lightning strategy to shard the computation over its ranks; None computes on one process.
+            module: the LightningModule to be trained, whose compute dtype the reference forward takes (see
+                `reference_dtype`); None: `cache_dtype`, else float32.
+            repair: recompute a cache whose files are damaged or do not belong together (what `erpo cache` does)
+                instead of raising `CacheCorruptError`.
         Raises:
             CacheMismatchError when a cache exists in `cache_dir` but was computed from another model, tokenizer,
-            template or data (the message names the fields and how to rebuild).
+            template, data or dtype (the message names the fields and how to rebuild); CacheCorruptError when its
+            files are unreadable, cut short, or its scores are not its manifest's (unless `repair`).
         """
         force = self.cache_force if force is None else force
-        manifest = self.cache_manifest()
+        dtype = self.reference_dtype(module, strategy)
+        manifest = self.cache_manifest(dtype)
         digest = fingerprint_digest(manifest)
         self.cache_digest = digest
         directory = Path(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_ROOT / digest
         rank, world_size, gather = distributed_context(strategy)
-        found = read_manifest(directory)
-        if found is not None and not force:
-            check_manifest(found, manifest, directory)
-        reuse = found is not None and not force
+        cache = None if force else self._load_checked(directory, manifest, digest, repair)
+        reuse = cache is not None
         if gather is not None:  # every rank takes the same branch: computing needs all of them
             reuse = all(gather(reuse))
         if reuse:
-            cache = ReferenceScoreCache.load(directory / SCORES_FILE)
-            report(f"loaded reference scores of {len(cache)} queries from {directory}")
+            report(f"loaded reference scores of {len(cache)} queries ({dtype}) from {directory}")
             return cache
 
-        model = self._scoring_engine(world_size, strategy)
+        model = self._scoring_engine(world_size, strategy, dtype)
+        policy = policy_compute_dtype(module, strategy)
+        why = "data.cache_dtype" if self.cache_dtype is not None else "the policy's" if policy else "the default"
         report(
             f"computing reference scores of {manifest['num_queries']} queries ({manifest['num_prompt_tokens']} tokens)"
-            f" with {self.model_path} ({self.cache_engine}) on {world_size} rank(s)"
+            f" with {self.model_path} ({self.cache_engine}, {dtype}: {why}) on {world_size} rank(s)"
         )
         cache = compute_reference_scores(
             model,
@@ -284,22 +323,50 @@ class QueryDataModule(LightningDataModule):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if rank == 0:
-            write_cache(directory, cache, manifest)
+            write_cache(directory, cache, manifest, digest)
             shutil.rmtree(directory / "partial", ignore_errors=True)
         report(f"wrote reference scores to {directory}")
         return cache
 
-    def _scoring_engine(self, world_size: int, strategy=None):
-        """The frozen reference that scores the queries: a transformers model, or a vLLM engine."""
+    def _load_checked(self, directory: Path, manifest: dict, digest: str, repair: bool) -> ReferenceScoreCache | None:
+        """The cache in `directory` if it is there, this run's, and intact; None when there is none, when it predates
+        fingerprinted scores files, or (with `repair`) when it is damaged: the reason is reported, and it is recomputed.
+        """
+        try:
+            found = read_manifest(directory)
+            if found is None:
+                return None
+            check_manifest(found, manifest, directory)
+            lengths = [len(ids) for ids in self.data.prompt_ids]
+            return ReferenceScoreCache.load(directory / SCORES_FILE, digest, lengths)
+        except CacheCorruptError as error:
+            if not (repair or error.legacy):
+                raise
+            report(f"rebuilding the reference score cache in {directory}: {error.path.name}: {error.reason}")
+            return None
+
+    def _scoring_engine(self, world_size: int, strategy, dtype: str):
+        """The frozen reference that scores the queries, in `dtype`: a transformers model, or a vLLM engine."""
         if self.cache_engine == "transformers":
             device = self.cache_device or (strategy.root_device if strategy is not None else None)
-            return load_reference_model(self.model_path, self.cache_dtype, device)
+            return load_reference_model(self.model_path, dtype, device)
         if world_size > 1:
             raise ValueError(
                 "cache_engine: vllm scores on one process; build the cache first with `erpo cache` on one device "
                 "(the trainer then loads it), or use cache_engine: transformers"
             )
-        return build_vllm_engine(self.model_path, self.max_prompt_length + 1, self.cache_dtype)
+        return build_vllm_engine(self.model_path, self.max_prompt_length + 1, dtype)
+
+
+def policy_compute_dtype(module=None, strategy=None) -> str | None:
+    """The dtype the policy's forward computes in: `fsdp_mixed_precision` under FSDP2 (`ModelParallelStrategy`),
+    else `dtype`, read from the module's hyperparameters (ERPOModule's names); None without a module that has them."""
+    hparams = getattr(module, "hparams", None) or {}
+    mixed = hparams.get("fsdp_mixed_precision")
+    if mixed is not None and isinstance(strategy, ModelParallelStrategy):
+        return str(mixed)
+    dtype = hparams.get("dtype")
+    return None if dtype is None else str(dtype)
 
 
 def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:
@@ -309,8 +376,14 @@ def load_reference_model(model_path: str, dtype: str, device: str | torch.device
     return model.to(device).eval()
 
 
-def build_or_load_cache(datamodule: QueryDataModule, force: bool = False, strategy=None) -> ReferenceScoreCache:
-    """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule."""
-    cache = datamodule.build_or_load_cache(force=force, strategy=strategy)
+def build_or_load_cache(
+    datamodule: QueryDataModule, force: bool = False, strategy=None, module=None
+) -> ReferenceScoreCache:
+    """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule.
+
+    A damaged cache (unreadable, cut short, scores that are not its manifest's) is rebuilt, with the reason reported.
+    `module` (the configured LightningModule) sets the forward's dtype when `data.cache_dtype` is null.
+    """
+    cache = datamodule.build_or_load_cache(force=force, strategy=strategy, module=module, repair=True)
     datamodule.attach_cache(cache)
     return cache

@@ -1,21 +1,24 @@
-"""Query sources: a built-in benchmark name, a Hugging Face Hub dataset, or a local file, read with `datasets`.
+"""Query sources: a built-in benchmark name, a Hugging Face Hub dataset (read with `datasets`), or a local file.
 
-Every source becomes a list of `Query` (stable id, problem text, gold answer) after validation. A bad row (missing,
-empty or non-text problem/answer, duplicate id) is an error naming the file, row and field, or, with
+Every source becomes a list of `Query` (stable id, problem text, gold answer) after validation. A bad row (one that
+cannot be read: a JSON syntax error, bytes that are not UTF-8; a missing, empty or non-text problem/answer; a gold
+answer no response can ever match; a duplicate id) is an error naming the file, row (and line) and field, or, with
 `skip_invalid`, a skipped row counted in a printed summary. Nothing is dropped silently.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import datasets
 
-# File extension -> `datasets` builder. `.json` may hold JSON Lines or one JSON array; the json builder reads both.
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+from erpo_lightning.data.files import DataError, RawRow, Table, read_local_file
+
+LOCAL_FORMATS = (".csv", ".json", ".jsonl", ".parquet")  # `.json`: one JSON array, or JSON Lines
 MAX_LISTED_ERRORS = 10
 # Evaluation benchmarks shipped with the package (provenance and licenses: benchmarks/README.md).
 BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -98,10 +101,6 @@ class Query:
     row: int
 
 
-class DataError(ValueError):
-    """A source cannot be used as configured; the message says where and what to change."""
-
-
 def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
     """Validate a source spec (a dict from YAML is accepted) and fill in the registry defaults."""
     if isinstance(spec, dict):
@@ -141,24 +140,17 @@ def describe(spec: SourceSpec) -> str:
     return "hub:" + ":".join(part for part in parts if part)
 
 
-def read_rows(spec: SourceSpec) -> datasets.Dataset:
-    """The raw rows of a resolved source, as a `datasets.Dataset` (Hub access only for Hub sources)."""
+def read_rows(spec: SourceSpec) -> Table:
+    """The raw rows of a resolved source, each with its row (and line) number; Hub access only for Hub sources."""
     if spec.path:
         path = Path(spec.path)
-        if path.suffix not in LOCAL_BUILDERS:
-            raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(LOCAL_BUILDERS)}")
-        if not path.is_file():
-            raise DataError(f"{path}: no such file")
-        table = datasets.load_dataset(LOCAL_BUILDERS[path.suffix], data_files=str(path), split="train")
-        if path.suffix == ".csv":
-            # Reread every column as text: type inference would turn an answer like "025" into the integer 25.
-            text = datasets.Features({column: datasets.Value("string") for column in table.column_names})
-            table = datasets.load_dataset("csv", data_files=str(path), split="train", features=text)
-    else:
-        table = _load_hub(spec)
+        if path.suffix not in LOCAL_FORMATS:
+            raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {list(LOCAL_FORMATS)}")
+        return read_local_file(path, spec.limit)
+    table = _load_hub(spec)
     if spec.limit is not None:
         table = table.select(range(min(spec.limit, len(table))))
-    return table
+    return Table([RawRow(number, None, row) for number, row in enumerate(table, start=1)], table.column_names)
 
 
 def _load_hub(spec: SourceSpec) -> datasets.Dataset:
@@ -185,13 +177,68 @@ def _answer_text(value: object, transform: str | None) -> str | None:
     return value.strip() or None
 
 
-def _check_columns(table: datasets.Dataset, spec: SourceSpec, where: str) -> tuple[str, str, str | None]:
+def unmatchable_answer(answer: str) -> str | None:
+    """Why the gold `answer` can never be matched, or None when it can.
+
+    The grader compares the gold with a response's final answer, which comes from a brace-balanced `\\boxed{...}`:
+    a gold with an unclosed `{` or a stray `}` (e.g. an unterminated `\\boxed{`) equals no such answer, nor does an
+    empty `\\boxed{}`. Escaped braces `\\{`, `\\}` are text, not groups.
+    """
+    open_at: list[int] = []
+    position = 0
+    while position < len(answer):
+        char = answer[position]
+        if char == "\\":
+            position += 2  # an escaped character (`\\{`, `\\}`, `\\\\`) or the first letter of a command
+            continue
+        if char == "{":
+            open_at.append(position)
+        elif char == "}":
+            if not open_at:
+                return f"the '}}' at character {position + 1} closes no '{{'"
+            open_at.pop()
+        position += 1
+    if open_at:
+        return f"the '{{' at character {open_at[-1] + 1} is never closed"
+    if re.search(r"\\(?:boxed|fbox)\s*\{\s*\}", answer):
+        return "its \\boxed{} is empty"
+    return None
+
+
+def _check_columns(columns: list[str], spec: SourceSpec, where: str) -> tuple[str, str, str | None]:
     problem_field, answer_field = spec.problem_field or "problem", spec.answer_field or "answer"
-    id_field = spec.id_field if spec.id_field is not None else ("id" if "id" in table.column_names else None)
+    id_field = spec.id_field if spec.id_field is not None else ("id" if "id" in columns else None)
+    if not columns:  # no row could be read: each one is reported on its own
+        return problem_field, answer_field, id_field
     for key, column in (("problem_field", problem_field), ("answer_field", answer_field), ("id_field", id_field)):
-        if column is not None and column not in table.column_names:
-            raise DataError(f"{where}: no column {column!r} ({key}); its columns are {table.column_names}. Set {key}.")
+        if column is not None and column not in columns:
+            raise DataError(f"{where}: no column {column!r} ({key}); its columns are {columns}. Set {key}.")
     return problem_field, answer_field, id_field
+
+
+def _row_issue(row: RawRow, fields_: tuple[str, str, str | None], transform: str | None, label: str, seen: dict):
+    """(query, None) for a usable row, else (None, (field, reason counted in the summary, detail))."""
+    if row.error is not None:
+        return None, row.error
+    problem_field, answer_field, id_field = fields_
+    problem, raw_answer = row.values.get(problem_field), row.values.get(answer_field)
+    answer = _answer_text(raw_answer, transform)
+    if not isinstance(problem, str) or not problem.strip():
+        return None, (problem_field, "bad problem", f"problem is {problem!r:.60} (empty or not text)")
+    if answer is None:
+        return None, (answer_field, "bad answer", f"answer is {raw_answer!r:.60} (missing, empty or not text)")
+    why = unmatchable_answer(answer)
+    if why is not None:
+        return None, (answer_field, "unmatchable answer", f"answer {answer!r:.60} can never be matched: {why}")
+    raw_id = row.values.get(id_field) if id_field else hashlib.sha256(problem.encode()).hexdigest()[:16]
+    if raw_id is None or str(raw_id).strip() == "":
+        return None, (id_field, "bad id", f"id is {raw_id!r}")
+    query_id = f"{label}/{raw_id}"
+    if query_id in seen:
+        same = "same id" if id_field else "same problem text"
+        detail = f"duplicate id {query_id!r} ({same} as row {seen[query_id]})"
+        return None, (id_field or problem_field, "duplicate id", detail)
+    return (query_id, problem, answer), None
 
 
 def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[list[Query], Counter]:
@@ -200,40 +247,28 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     Returns:
         the valid queries in file order, and a Counter of skipped rows by reason (empty unless `skip_invalid`).
     Raises:
-        DataError listing the bad rows (file, 1-based row, field, problem) when `skip_invalid` is False.
+        DataError listing the bad rows (file, 1-based row and line, field, problem) when `skip_invalid` is False.
     """
     spec = resolve_spec(spec)
     where = describe(spec)
     table = read_rows(spec)
-    problem_field, answer_field, id_field = _check_columns(table, spec, where)
+    fields_ = _check_columns(table.columns, spec, where)
     label = spec.label or spec.name or (Path(spec.path).stem if spec.path else spec.hub_id)
 
     queries: list[Query] = []
     problems: list[str] = []
     skipped: Counter = Counter()
     first_row_of: dict[str, int] = {}
-    for row_number, row in enumerate(table, start=1):
-        problem, answer = row[problem_field], _answer_text(row[answer_field], spec.answer_transform)
-        issue = None  # (field, reason counted in the summary, detail)
-        if not isinstance(problem, str) or not problem.strip():
-            issue = (problem_field, "bad problem", f"problem is {problem!r:.60} (empty or not text)")
-        elif answer is None:
-            issue = (answer_field, "bad answer", f"answer is {row[answer_field]!r:.60} (missing, empty or not text)")
-        else:
-            raw_id = row[id_field] if id_field else hashlib.sha256(problem.encode()).hexdigest()[:16]
-            query_id = f"{label}/{raw_id}"
-            if raw_id is None or str(raw_id).strip() == "":
-                issue = (id_field, "bad id", f"id is {raw_id!r}")
-            elif query_id in first_row_of:
-                same = "same id" if id_field else "same problem text"
-                detail = f"duplicate id {query_id!r} ({same} as row {first_row_of[query_id]})"
-                issue = (id_field or problem_field, "duplicate id", detail)
+    for row in table.rows:
+        found, issue = _row_issue(row, fields_, spec.answer_transform, label, first_row_of)
         if issue is not None:
-            problems.append(f"{where} row {row_number}, field {issue[0]!r}: {issue[2]}")
+            field_name = f", field {issue[0]!r}" if issue[0] is not None else ""
+            problems.append(f"{where} {row.position}{field_name}: {issue[2]}")
             skipped[issue[1]] += 1
             continue
-        first_row_of[query_id] = row_number
-        queries.append(Query(query_id, problem, answer, where, row_number))
+        query_id, problem, answer = found
+        first_row_of[query_id] = row.number
+        queries.append(Query(query_id, problem, answer, where, row.number))
 
     if problems and not skip_invalid:
         listed = "\n  ".join(problems[:MAX_LISTED_ERRORS])
