@@ -1,66 +1,102 @@
-"""Algorithm presets: ERPO and the baselines it is measured against, as plain data.
+"""Algorithm presets: ERPO as the paper writes it, ERPO as its authors released it, and the baselines, as plain data.
 
-An algorithm here is only the loss side (advantage estimator, surrogate, aggregation, regularisers). Rollout-side
-choices of DAPO (dynamic sampling, overlong shaping) are settings of the rollout callback: see `configs/`.
+An algorithm here is the loss side (advantage estimator, surrogate, aggregation, regularisers, query weights) plus
+the optimizer defaults a preset fixes. Rollout-side choices of DAPO (dynamic sampling, overlong shaping) are settings
+of the rollout callback: see `configs/`. docs/erpo.md compares `erpo` and `erpo_released` field by field, with sources.
 """
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
-from erpo_lightning.objectives import AggregationMode, Estimator, KLKind, QueryKLEstimator
+from erpo_lightning.objectives import DEFAULT_KL_CLAMP, Estimator, LossSettings
+
+AlgorithmName = Literal[
+    "erpo", "erpo_released", "grpo", "grpo_kl", "dapo", "dapo_erpo", "rloo", "rloo_erpo", "dr_grpo", "reinforce"
+]
+QueryWeightMode = Literal["data", "current_batch"]
 
 
 @dataclass(frozen=True)
-class Algorithm:
-    """Every loss-side knob, with ERPO's defaults (paper: arXiv 2608.23311, §3 and Appendix I).
+class Algorithm(LossSettings):
+    """Every loss-side knob (see `objectives.LossSettings` for the inherited ones), with the paper's ERPO defaults.
 
     Attributes:
         advantage_estimator: `grpo` | `dr_grpo` | `rloo` | `reinforce` (see `objectives.group_advantages`).
-        loss_aggregation: `token_mean` | `seq_mean_token_mean` | `seq_mean_token_sum` | `seq_sum_constant`.
-        clip_low, clip_high: PPO ratio clip range [1 - clip_low, 1 + clip_high]; clip_high None = clip_low.
-        dual_clip: optional dual-clip bound (> 1) for negative advantages.
-        query_kl_coef: α, weight of Query-KL in the loss (0 = monitor only; it is always logged).
-        query_kl_estimator: `token_k3` (released code) | `sequence_k3` (the paper's summed log-likelihood).
         use_query_weights: multiply each query's policy-gradient terms by w(q).
-        policy_kl_coef: β, weight of Policy-KL to a frozen reference model (loads that model when > 0).
-        policy_kl_kind: `k1` | `k2` | `k3` estimator of Policy-KL.
+        query_weight_mode: `data`: w(q) as the datamodule's `weight_*` settings define it (default: the paper's,
+            from the cached reference NLL over the training set, clipped to [0, 2]); `current_batch`: the released
+            code's, mean NLL / NLL of the current policy's prompt over the optimizer step's queries on all ranks,
+            computed before each optimizer step, unclipped (the datamodule's `weight_*` are then not read).
+        weight_decay: AdamW weight decay (the module's `weight_decay`, when not set, takes it from here).
     """
 
     advantage_estimator: Estimator = "grpo"
-    loss_aggregation: AggregationMode = "token_mean"
-    clip_low: float = 0.2
-    clip_high: float | None = None
-    dual_clip: float | None = None
-    query_kl_coef: float = 0.01
-    query_kl_estimator: QueryKLEstimator = "token_k3"
     use_query_weights: bool = True
-    policy_kl_coef: float = 0.0
-    policy_kl_kind: KLKind = "k3"
+    query_weight_mode: QueryWeightMode = "data"
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(Algorithm)
+        for field in fields(self):
+            value, choices = getattr(self, field.name), typing.get_args(hints[field.name])
+            if typing.get_origin(hints[field.name]) is Literal and value not in choices:
+                raise ValueError(f"model.{field.name}: {value!r} is not one of {', '.join(map(str, choices))}")
+        if self.clip_low < 0 or (self.clip_high is not None and self.clip_high < 0):
+            raise ValueError(f"model.clip_low / clip_high must be >= 0, got {self.clip_low} / {self.clip_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"model.dual_clip must be > 1 (a multiple of -A), got {self.dual_clip}")
+        if self.kl_clamp_mode != "none" and not self.kl_clamp > 0:
+            raise ValueError(
+                f"model.kl_clamp must be > 0 with kl_clamp_mode {self.kl_clamp_mode!r}, got {self.kl_clamp}"
+            )
+        if self.query_kl_aggregation == "like_pg" and self.query_kl_estimator != "token_k3":
+            raise ValueError(
+                "model.query_kl_aggregation 'like_pg' aggregates per-token values like the PG loss: it needs "
+                f"model.query_kl_estimator 'token_k3', got {self.query_kl_estimator!r}"
+            )
+        if min(self.query_kl_coef, self.policy_kl_coef, self.weight_decay) < 0:
+            raise ValueError("model.query_kl_coef, policy_kl_coef and weight_decay must be >= 0")
 
 
+# The paper (arXiv 2608.23311): GRPO + Query-KL on summed query log-likelihoods (sequence k3) with α = 0.01, and
+# dataset-static weights from the frozen reference, token-level aggregation.
 _ERPO = Algorithm()
+# The authors' release (AlibabaResearch/ERPO, examples/erpo/erpo_base_qwen25_7b.yaml + actor_worker.py on ROLL).
+_ERPO_RELEASED = Algorithm(
+    loss_aggregation="seq_mean_token_mean",
+    dual_clip=1.0 + 2 * 0.2,  # ROLL: 1 + 2 * pg_clip, pg_clip = 0.2
+    query_kl_estimator="token_k3",
+    query_kl_aggregation="like_pg",
+    kl_clamp_mode="value",
+    kl_clamp=DEFAULT_KL_CLAMP,
+    query_weight_mode="current_batch",
+    weight_decay=0.01,
+)
 _NO_REGULARISER = replace(_ERPO, query_kl_coef=0.0, use_query_weights=False)
 
 ALGORITHMS: dict[str, Algorithm] = {
     "erpo": _ERPO,
+    "erpo_released": _ERPO_RELEASED,
     "grpo": _NO_REGULARISER,
     # β = 0.001 with the low-variance k3 estimator, the common GRPO-with-KL setting (verl's default kl_loss_coef).
     "grpo_kl": replace(_NO_REGULARISER, policy_kl_coef=0.001),
     "dapo": replace(_NO_REGULARISER, clip_high=0.28),
-    "dapo_erpo": replace(_ERPO, clip_high=0.28),
+    "dapo_erpo": replace(_ERPO, clip_high=0.28),  # extends `erpo` (the paper's form)
     "rloo": replace(_NO_REGULARISER, advantage_estimator="rloo"),
-    "rloo_erpo": replace(_ERPO, advantage_estimator="rloo"),
+    "rloo_erpo": replace(_ERPO, advantage_estimator="rloo"),  # extends `erpo` (the paper's form)
     "dr_grpo": replace(_NO_REGULARISER, advantage_estimator="dr_grpo", loss_aggregation="seq_sum_constant"),
     "reinforce": replace(_NO_REGULARISER, advantage_estimator="reinforce"),
 }
+assert set(ALGORITHMS) == set(typing.get_args(AlgorithmName)), "AlgorithmName must list every preset"
 
 
 def resolve_algorithm(name: str, **overrides: Any) -> Algorithm:
     """The preset `name` with every non-None override applied (e.g. `query_kl_coef=0.05` for an ablation)."""
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}")
+        raise ValueError(f"unknown model.algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}")
     known = {f.name for f in fields(Algorithm)}
     unknown = set(overrides) - known
     if unknown:

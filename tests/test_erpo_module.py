@@ -69,8 +69,8 @@ def rollout_batch(model):
     }
 
 
-def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=()):
-    """The ERPO loss from per-row unpadded forwards and the paper's formula (token-mean PG, w(q), α·token-k3)."""
+def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=(), estimator="token_k3"):
+    """The ERPO loss from per-row unpadded forwards and the paper's formula (token-mean PG, w(q), α·Query-KL)."""
     advantages = obj.group_advantages(torch.tensor(REWARDS), 2, "grpo")
     weights = [1.5, 1.5, 0.5, 0.5]
     pg_terms, tokens = 0.0, 0
@@ -86,6 +86,8 @@ def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=
             current = gather_token_logprobs(model(torch.tensor([prompt])).logits, torch.tensor([prompt]))[0, 1:]
             ref = reference.rows[q][1:] + query_kl_shift
             delta = ref - current
+            if estimator == "sequence_k3":  # k3 of the summed log-likelihoods (well inside the clamp here)
+                delta = delta.sum()
             kls.append((torch.exp(delta) - delta - 1).mean().item())
     return pg_terms / tokens + algorithm_coef * sum(kls) / len(kls), sum(kls) / len(kls)
 
@@ -112,14 +114,16 @@ def make_module(path, reference, **kwargs):
     return module
 
 
-def test_loss_matches_formula_at_step_zero(setup):
+@pytest.mark.parametrize("estimator", ["sequence_k3", "token_k3"])
+def test_loss_matches_formula_at_step_zero(setup, estimator):
     path, reference, batch, model = setup
     # Shift the cached reference so that Query-KL is non-zero and its coefficient matters.
     shifted = copy.deepcopy(reference)
     shifted.rows = [row + 0.05 for row in reference.rows]
-    module = make_module(path, shifted, query_kl_coef=0.5)
+    module = make_module(path, shifted, query_kl_coef=0.5, query_kl_estimator=estimator)
+    assert module.algorithm.query_kl_estimator == estimator
     trainer = fit_one_batch(module, batch)
-    expected_loss, expected_kl = hand_loss(model, reference, 0.5, query_kl_shift=0.05)
+    expected_loss, expected_kl = hand_loss(model, reference, 0.5, query_kl_shift=0.05, estimator=estimator)
     metrics = trainer.callback_metrics
     assert metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
     assert metrics["train/query_kl"].item() == pytest.approx(expected_kl, abs=1e-6)
@@ -212,3 +216,52 @@ def test_training_without_reference_scores_says_how_to_get_them(setup):
     module = ERPOModule(str(path))
     with pytest.raises(RuntimeError, match="QueryDataModule"):
         fit_one_batch(module, batch)
+
+
+def test_the_erpo_preset_is_the_papers_form(setup):
+    """Paper: sequence k3 on summed ℓ, α = 0.01, weights from the data (reference NLL over the dataset), token-mean."""
+    module = ERPOModule(str(setup[0]))
+    algorithm = module.algorithm
+    assert (algorithm.query_kl_estimator, algorithm.query_kl_coef, algorithm.loss_aggregation) == (
+        "sequence_k3",
+        0.01,
+        "token_mean",
+    )
+    assert (algorithm.query_weight_mode, algorithm.query_kl_aggregation, algorithm.dual_clip) == (
+        "data",
+        "per_query",
+        None,
+    )
+    assert not module.current_policy_weights and module.weight_clip == (0.0, 2.0)
+
+
+def test_invalid_settings_are_refused_at_construction_before_any_model_load(tmp_path):
+    """A path that does not exist: every check below must fire before the model would be loaded."""
+    missing = str(tmp_path / "no-model-here")
+    with pytest.raises(ValueError, match="model.loss_constant.*rollout.max_new_tokens"):
+        ERPOModule(missing, algorithm="dr_grpo")
+    assert ERPOModule(missing, algorithm="dr_grpo", loss_constant=256).algorithm.loss_aggregation == "seq_sum_constant"
+    with pytest.raises(ValueError, match="model.advantage_estimator: 'foo'"):
+        ERPOModule(missing, advantage_estimator="foo")
+    with pytest.raises(ValueError, match="unknown model.algorithm 'erpo_paper'"):
+        ERPOModule(missing, algorithm="erpo_paper")
+    with pytest.raises(ValueError, match="model.kl_clamp_mode"):
+        ERPOModule(missing, kl_clamp_mode="values")
+    with pytest.raises(ValueError, match="model.dual_clip must be > 1"):
+        ERPOModule(missing, dual_clip=0.5)
+    with pytest.raises(ValueError, match="needs model.query_kl_estimator 'token_k3'"):
+        ERPOModule(missing, query_kl_aggregation="like_pg")
+
+
+def test_current_weights_with_dataset_norm_are_refused(setup, tmp_path, benchmarks_dir):
+    """data.weight_source=current with weight_norm=dataset mixes two definitions of s̄: refused at set-up."""
+    from erpo_lightning.data import QueryDataModule
+
+    path, _, batch, _ = setup
+    datamodule = QueryDataModule(
+        str(path), train=[{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 4}], template="plain",
+        batch_size=2, cache_dir=str(tmp_path / "cache"), weight_source="current",
+    )  # fmt: skip
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match="data.weight_norm 'batch'"):
+        trainer.fit(ERPOModule(str(path)), datamodule=datamodule)

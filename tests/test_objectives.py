@@ -1,6 +1,7 @@
 """The objectives against hand computation and invariants."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -129,7 +130,10 @@ def test_kl_penalty_by_hand():
     torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k1"), torch.tensor([0.5, -1.0, -29.0]))
     torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k2"), torch.tensor([0.125, 0.5, 420.5]))
     delta = torch.tensor([-0.5, 1.0, 10.0])  # ref - logp, the last clamped from 29 to 10
-    torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k3"), torch.exp(delta) - delta - 1)
+    torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k3", "log_ratio"), torch.exp(delta) - delta - 1)
+    k3 = torch.exp(delta[:2]) - delta[:2] - 1
+    # the default (released code): the value is clamped, k3(29) = e^29 - 30 becomes 10
+    torch.testing.assert_close(obj.kl_penalty(logprobs, ref, "k3"), torch.cat([k3, torch.tensor([10.0])]))
 
 
 def test_query_kl_by_hand():
@@ -198,3 +202,185 @@ def test_split_prompt_response_by_hand():
     assert torch.equal(query_mask, torch.tensor([[0, 1, 1], [0, 0, 1]]))
     assert torch.equal(response_mask, torch.tensor([[1, 1, 0], [1, 1, 1]]))
     assert torch.equal(query_lp, token_logprobs[:, :3]) and torch.equal(response_lp, token_logprobs[:, 3:])
+
+
+# ---------------------------------------------------------------------------------------------------- KL clamps
+def _k3(d):
+    return math.exp(d) - d - 1
+
+
+def _root(f, lo, hi):
+    """Bisection, independent of the code under test: f(lo) and f(hi) have opposite signs."""
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if (f(mid) > 0) == (f(lo) > 0) else (lo, mid)
+    return (lo + hi) / 2
+
+
+K3_HIGH = _root(lambda x: _k3(x) - 10.0, 0.0, 5.0)  # where k3 reaches the value clamp 10: e^x - 1 = 10 + x
+K3_LOW = _root(lambda x: _k3(x) - 10.0, -20.0, 0.0)
+
+# (δ = ref - current per token, clamp mode) -> (k3 value, d value / d current) of ONE token, by hand.
+TOKEN_K3 = {
+    (0.0, "value"): (0.0, 0.0), (0.0, "log_ratio"): (0.0, 0.0), (0.0, "none"): (0.0, 0.0),
+    (0.5, "value"): (_k3(0.5), 1 - math.exp(0.5)),
+    (0.5, "log_ratio"): (_k3(0.5), 1 - math.exp(0.5)),
+    (0.5, "none"): (_k3(0.5), 1 - math.exp(0.5)),
+    (5.0, "value"): (10.0, 0.0),  # e^5 - 6 = 142.4 is clamped: no gradient beyond the clamp
+    (5.0, "log_ratio"): (_k3(5.0), 1 - math.exp(5.0)),  # 142.41, -147.41: inside ±10 nats
+    (5.0, "none"): (_k3(5.0), 1 - math.exp(5.0)),
+    (30.0, "value"): (10.0, 0.0),
+    (30.0, "log_ratio"): (_k3(10.0), 0.0),  # δ clamped to 10: e^10 - 11 = 22015.5, no gradient
+    (30.0, "none"): (_k3(30.0), 1 - math.exp(30.0)),
+}  # fmt: skip
+
+
+def _sequence_expected(total, mode):
+    """sequence_k3 of a summed δ by hand: k3 inside the clamp; outside, held value and the slope at the clamp point."""
+    low, high = {"value": (K3_LOW, K3_HIGH), "log_ratio": (-10.0, 10.0), "none": (-math.inf, math.inf)}[mode]
+    held = min(max(total, low), high)
+    return _k3(held), 1 - math.exp(held)  # d/d current = -(e^held - 1)
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.5, 5.0, 30.0])
+@pytest.mark.parametrize("mode", ["value", "log_ratio", "none"])
+def test_k3_clamps_single_token_and_token_mean_over_20_tokens(delta, mode):
+    value, grad = TOKEN_K3[(delta, mode)]
+    current = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    out = obj.kl_penalty(current, torch.tensor([delta], dtype=torch.float64), "k3", mode, 10.0)
+    out.sum().backward()
+    assert out.item() == pytest.approx(value, rel=1e-9, abs=1e-12)
+    assert current.grad.item() == pytest.approx(grad, rel=1e-9, abs=1e-12)
+    # token_k3 over 20 tokens each δ off: the mean of 20 equal values; each token's gradient is 1/20 of one token's
+    current = torch.zeros(1, 21, dtype=torch.float64, requires_grad=True)
+    reference = torch.full((1, 21), delta, dtype=torch.float64)
+    mask = torch.ones(1, 21)
+    mask[0, 0] = 0  # the unscored first token
+    per_query = obj.per_query_kl(current, reference, mask, "token_k3", mode, 10.0)
+    per_query.sum().backward()
+    assert per_query.item() == pytest.approx(value, rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(
+        current.grad[0, 1:], torch.full((20,), grad / 20, dtype=torch.float64), rtol=1e-9, atol=0
+    )
+    assert current.grad[0, 0] == 0
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.5, 5.0, 30.0])
+@pytest.mark.parametrize("mode", ["value", "log_ratio", "none"])
+@pytest.mark.parametrize("tokens", [1, 20])
+def test_sequence_k3_clamps_single_token_and_summed_over_20_tokens(delta, mode, tokens):
+    value, grad = _sequence_expected(delta * tokens, mode)
+    current = torch.zeros(1, tokens + 1, dtype=torch.float64, requires_grad=True)
+    reference = torch.full((1, tokens + 1), delta, dtype=torch.float64)
+    mask = torch.ones(1, tokens + 1)
+    mask[0, 0] = 0
+    per_query = obj.per_query_kl(current, reference, mask, "sequence_k3", mode, 10.0)
+    per_query.sum().backward()
+    assert per_query.item() == pytest.approx(value, rel=1e-9, abs=1e-12)
+    expected_grad = torch.full((tokens,), grad, dtype=torch.float64)  # dΣδ/d current_t = -1 for every token
+    torch.testing.assert_close(current.grad[0, 1:], expected_grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["value", "log_ratio"])
+def test_sequence_k3_keeps_pulling_back_at_20_tokens_of_0_6_nats(mode):
+    """The summed drift is 12 nats: the value stays bounded and every token is still pulled towards θ0."""
+    current = torch.zeros(1, 21, requires_grad=True)
+    reference = torch.full((1, 21), 0.6)
+    mask = torch.ones(1, 21)
+    mask[0, 0] = 0
+    value = obj.per_query_kl(current, reference, mask, "sequence_k3", mode)
+    value.sum().backward()
+    bound = 10.0 if mode == "value" else _k3(10.0)
+    assert value.item() == pytest.approx(bound, rel=1e-5)
+    slope = 10.0 + K3_HIGH if mode == "value" else math.exp(10.0) - 1  # e^x - 1 at the clamp point x
+    assert (current.grad[0, 1:] < 0).all()  # raising the current log-likelihood lowers the loss: pulled back
+    torch.testing.assert_close(current.grad[0, 1:], torch.full((20,), -slope), rtol=1e-5, atol=0)
+
+
+def test_sequence_k3_is_plain_k3_below_the_clamp_and_zero_at_the_reference():
+    delta = torch.tensor([-3.0, -0.2, 0.0, 0.7, 2.5], dtype=torch.float64, requires_grad=True)
+    value = obj.sequence_k3(delta)
+    value.sum().backward()
+    torch.testing.assert_close(value.detach(), torch.expm1(delta.detach()) - delta.detach())
+    torch.testing.assert_close(delta.grad, torch.expm1(delta.detach()))
+    low, high = obj.k3_level_log_ratios(10.0)
+    assert low == pytest.approx(K3_LOW, abs=1e-12) and high == pytest.approx(K3_HIGH, abs=1e-12)
+
+
+def test_k3_value_clamp_has_no_nan_gradient_where_exp_overflows():
+    """ROLL's own k3 gives 0 * inf = NaN past δ ≈ 88 nats in float32; ours keeps the value and a zero gradient."""
+    current = torch.tensor([0.0, -200.0], requires_grad=True)
+    out = obj.kl_penalty(current, torch.zeros(2), "k3", "value")
+    out.sum().backward()
+    assert out.tolist() == [0.0, 10.0] and torch.isfinite(current.grad).all()
+
+
+def test_kl_clamp_options_are_checked():
+    with pytest.raises(ValueError, match="clamp mode"):
+        obj.kl_penalty(torch.zeros(1), torch.zeros(1), "k3", "values")
+    with pytest.raises(ValueError, match="must be > 0"):
+        obj.sequence_k3(torch.zeros(1), "value", 0.0)
+
+
+# ------------------------------------------------------------------------------------------ smaller items of 5
+@pytest.mark.parametrize("gap", [100.0, -100.0])
+def test_ratio_log_clamp_gives_no_nan(gap):
+    """A zero-advantage token 100 nats away from its sampling log-prob: loss 0 and finite gradients, not inf * 0."""
+    logprobs = torch.tensor([[gap, -1.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -1.0]])
+    loss, stats = obj.policy_gradient_loss(logprobs, old, torch.tensor([0.0]), torch.ones(1, 2))
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and loss.abs().sum() == 0
+    assert torch.isfinite(logprobs.grad).all() and all(torch.isfinite(v) for v in stats.values())
+    # With A = -1 the unclipped branch is active past 1 + clip: ratio exp(clamp(gap, ±20)), gradient 0 beyond the clamp
+    logprobs = torch.tensor([[gap]], requires_grad=True)
+    loss, _ = obj.policy_gradient_loss(logprobs, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1))
+    loss.sum().backward()
+    expected = math.exp(20.0) if gap > 0 else 0.8  # -min(-r, -clip(r)) = max(r, clip(r)) for A = -1
+    assert loss.item() == pytest.approx(expected, rel=1e-6) and logprobs.grad.item() == 0.0
+
+
+@pytest.mark.parametrize("mode", ["seq_mean_token_mean", "seq_mean_token_sum"])
+def test_fully_masked_rows_do_not_count_in_n(mode):
+    per_token = torch.tensor([[1.0, 2.0], [4.0, 0.0], [7.0, 7.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [0, 0]])  # the last row was masked out by overlong filtering
+    expected = {"seq_mean_token_mean": (1.5 + 4.0) / 2, "seq_mean_token_sum": (3.0 + 4.0) / 2}[mode]
+    assert obj.aggregate(per_token, mask, mode).item() == pytest.approx(expected)
+    assert obj.aggregate(per_token, mask, "seq_sum_constant", constant=4.0).item() == pytest.approx(7.0 / 2 / 4)
+    assert obj.loss_normalizers(mask, torch.ones(3, 2), torch.tensor([True, False, True]))["sequences"] == 2
+
+
+def _rows(n=6, response=5, prompt=4, seed=7):
+    torch.manual_seed(seed)
+    response_mask = (torch.arange(response) < torch.randint(1, response + 1, (n, 1))).float()
+    response_mask[2] = 0  # a fully masked row
+    query_mask = torch.ones(n, prompt)
+    query_mask[:, 0] = 0
+    return {
+        "response_logprobs": (-torch.rand(n, response, dtype=torch.float64)).requires_grad_(),
+        "old_logprobs": -torch.rand(n, response, dtype=torch.float64),
+        "advantages": torch.randn(n, dtype=torch.float64),
+        "response_mask": response_mask,
+        "query_logprobs": (-torch.rand(n, prompt, dtype=torch.float64)).requires_grad_(),
+        "ref_query_logprobs": -torch.rand(n, prompt, dtype=torch.float64),
+        "query_mask": query_mask,
+        "is_leader": torch.arange(n) % 2 == 0,
+    }
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean"])
+def test_policy_kl_is_aggregated_like_the_pg_loss(mode):
+    rows = _rows()
+    reference = rows["response_logprobs"].detach() + 0.3 * torch.randn(6, 5, dtype=torch.float64)
+    settings = obj.LossSettings(loss_aggregation=mode, query_kl_coef=0.0, policy_kl_coef=1.0)
+    with_kl, parts = obj.rl_loss(settings, **rows, ref_response_logprobs=reference)
+    without, _ = obj.rl_loss(replace(settings, policy_kl_coef=0.0), **rows)
+    delta = (reference - rows["response_logprobs"].detach()).clamp(max=math.log(22.0))
+    k3 = (torch.exp(delta) - delta - 1) * rows["response_mask"]
+    mask = rows["response_mask"]
+    if mode == "token_mean":
+        expected = k3.sum() / mask.sum()
+    else:  # mean over the 5 rows that have response tokens of each row's token mean
+        expected = (k3.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / 5
+    assert (with_kl - without).item() == pytest.approx(expected.item(), rel=1e-10)
+    torch.testing.assert_close(parts["policy_kl"], k3)

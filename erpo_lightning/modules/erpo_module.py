@@ -9,6 +9,7 @@ steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Literal
 
 import lightning as L
@@ -17,7 +18,7 @@ from torchmetrics import MaxMetric, MinMetric
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import Algorithm, resolve_algorithm
+from erpo_lightning.algorithms import Algorithm, AlgorithmName, QueryWeightMode, resolve_algorithm
 from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
@@ -25,10 +26,12 @@ from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, 
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.scoring import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs, token_entropy
 
+Dtype = Literal["float32", "bfloat16", "float16"]
+
 TRAIN_METRICS = (
-    "loss", "pg_loss", "query_kl", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
-    "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min", "query_weight_max",
-    "logprob_abs_diff",
+    "loss", "pg_loss", "query_kl", "query_kl_token_k3", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high",
+    "dual_clip_frac", "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min",
+    "query_weight_max", "logprob_abs_diff",
 )  # fmt: skip
 
 
@@ -41,14 +44,18 @@ class ERPOModule(L.LightningModule):
 
     Args:
         model_path: local directory or Hub id of the initial policy (also the frozen reference θ0).
-        algorithm: preset name (`erpo`, `grpo`, `grpo_kl`, `dapo`, `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`,
-            `reinforce`); the keyword overrides below replace single fields of the preset (None = keep).
+        algorithm: preset name (`erpo` (the paper), `erpo_released` (the authors' code), `grpo`, `grpo_kl`, `dapo`,
+            `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`); the keyword overrides from
+            `advantage_estimator` to `query_weight_mode` replace single fields of the preset (None = keep; see
+            `algorithms.Algorithm`). Every choice is checked here, before any model is loaded.
         temperature: sampling temperature of the rollouts; response log-probs are computed at it.
         num_iterations: passes (PPO epochs) over each rollout batch.
         update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
         micro_batch_tokens: token budget of one forward (rows × longest row).
-        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), e.g. the max response length.
-        learning_rate, weight_decay, warmup_steps: AdamW with linear warm-up then constant.
+        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), e.g. rollout.max_new_tokens; required
+            by that aggregation.
+        learning_rate, weight_decay, warmup_steps: AdamW with linear warm-up then constant; weight_decay None = the
+            preset's (0.01 for `erpo_released`, else 0).
         gradient_clip_norm: max global grad norm (None = no clipping).
         monitor_policy_kl: load a frozen reference model to log Policy-KL even when its coefficient is 0.
         nan_policy: `stop` raises on a non-finite loss/gradient; `skip` drops that optimizer step and counts it
@@ -64,71 +71,69 @@ class ERPOModule(L.LightningModule):
     def __init__(
         self,
         model_path: str,
-        algorithm: str = "erpo",
-        advantage_estimator: str | None = None,
-        loss_aggregation: str | None = None,
+        algorithm: AlgorithmName = "erpo",
+        advantage_estimator: obj.Estimator | None = None,
+        loss_aggregation: obj.AggregationMode | None = None,
         clip_low: float | None = None,
         clip_high: float | None = None,
         dual_clip: float | None = None,
         query_kl_coef: float | None = None,
-        query_kl_estimator: str | None = None,
+        query_kl_estimator: obj.QueryKLEstimator | None = None,
+        query_kl_aggregation: obj.QueryKLAggregation | None = None,
+        kl_clamp_mode: obj.KLClampMode | None = None,
+        kl_clamp: float | None = None,
         use_query_weights: bool | None = None,
+        query_weight_mode: QueryWeightMode | None = None,
         policy_kl_coef: float | None = None,
-        policy_kl_kind: str | None = None,
+        policy_kl_kind: obj.KLKind | None = None,
         temperature: float = 1.0,
         num_iterations: int = 1,
         update_batch_size: int | None = None,
         micro_batch_tokens: int = 16384,
         loss_constant: float | None = None,
         learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
         warmup_steps: int = 0,
         gradient_clip_norm: float | None = 1.0,
         monitor_policy_kl: bool = False,
         nan_policy: Literal["stop", "skip"] = "stop",
         max_consecutive_skips: int = 10,
-        dtype: str = "float32",
+        dtype: Dtype = "float32",
         gradient_checkpointing: bool = False,
-        fsdp_mixed_precision: str | None = None,
+        fsdp_mixed_precision: Dtype | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.algorithm: Algorithm = resolve_algorithm(
-            algorithm,
-            advantage_estimator=advantage_estimator,
-            loss_aggregation=loss_aggregation,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            dual_clip=dual_clip,
-            query_kl_coef=query_kl_coef,
-            query_kl_estimator=query_kl_estimator,
-            use_query_weights=use_query_weights,
-            policy_kl_coef=policy_kl_coef,
-            policy_kl_kind=policy_kl_kind,
-        )
+        # Every field of `Algorithm` is a parameter of this module of the same name: None keeps the preset's value.
+        overrides = {field.name: self.hparams[field.name] for field in fields(Algorithm)}
+        self.algorithm: Algorithm = resolve_algorithm(algorithm, **overrides)
         if nan_policy not in ("stop", "skip"):
-            raise ValueError(f"nan_policy must be 'stop' or 'skip', got {nan_policy!r}")
+            raise ValueError(f"model.nan_policy must be 'stop' or 'skip', got {nan_policy!r}")
+        if self.algorithm.loss_aggregation == "seq_sum_constant" and not (loss_constant or 0) > 0:
+            raise ValueError(
+                f"model.algorithm {algorithm!r} divides each response's summed loss by a constant (loss_aggregation "
+                "seq_sum_constant): set model.loss_constant > 0, e.g. to the value of rollout.max_new_tokens"
+            )
+        if num_iterations < 1 or micro_batch_tokens < 1:
+            raise ValueError("model.num_iterations and model.micro_batch_tokens must be >= 1")
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
         self.reference_cache: Any = None  # a data.ReferenceScoreCache: `padded(query_index, width) -> [B, width]`
-        self.current_policy_weights = False  # these follow the datamodule's weight_* settings in setup()
+        # How w(q) is made: the released preset computes it here; otherwise setup() follows the datamodule's weight_*.
+        self.current_policy_weights = self.algorithm.query_weight_mode == "current_batch"
         self.batch_weights_from_reference = False
-        self.weight_norm = "dataset"
-        self.weight_clip: tuple[float, float] | None = (0.0, 2.0)
+        self.weight_norm = "batch" if self.current_policy_weights else "dataset"
+        self.weight_clip: tuple[float, float] | None = None if self.current_policy_weights else (0.0, 2.0)
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
         self.skipped_steps = 0
         self.consecutive_skips = 0
         self.train_metrics = torch.nn.ModuleDict({name: MaskedMean() for name in TRAIN_METRICS})
-        self.train_metrics.update(
-            {
-                "query_kl": QueryKL(),
-                "policy_kl": PolicyKL(),
-                "query_weight_min": MinMetric(),
-                "query_weight_max": MaxMetric(),
-            }
-        )
+        self.train_metrics.update({
+            "query_kl": QueryKL(), "query_kl_token_k3": QueryKL(), "policy_kl": PolicyKL(),
+            "query_weight_min": MinMetric(), "query_weight_max": MaxMetric(),
+        })  # fmt: skip
 
     # ----------------------------------------------------------------------------------------------- model set-up
     def _load_causal_lm(self) -> torch.nn.Module:
@@ -165,13 +170,20 @@ class ERPOModule(L.LightningModule):
             return
         if self.reference_cache is None:
             self.reference_cache = getattr(datamodule, "cache", None)
+        if self.algorithm.query_weight_mode == "current_batch":
+            return
+        source, self.weight_norm = getattr(datamodule, "weight_source", None), getattr(datamodule, "weight_norm", None)
+        if source == "current" and self.weight_norm == "dataset":
+            raise ValueError(
+                "data.weight_source 'current' with data.weight_norm 'dataset' would divide the current policy's NLL "
+                "by the reference's dataset mean, a mix neither the paper nor the released code uses: set "
+                "data.weight_norm 'batch' (the released code, as model.algorithm erpo_released does) or "
+                "data.weight_source 'reference' (the paper)"
+            )
         # The released code's option: w(q) from the current policy's NLL (the datamodule then sends w = 1).
-        self.current_policy_weights = getattr(datamodule, "weight_source", None) == "current"
-        self.weight_norm = getattr(datamodule, "weight_norm", "dataset")
+        self.current_policy_weights = source == "current"
         # The datamodule normalises reference weights over one rank's batch; the module redoes it over all ranks.
-        self.batch_weights_from_reference = (
-            getattr(datamodule, "weight_source", None) == "reference" and self.weight_norm == "batch"
-        )
+        self.batch_weights_from_reference = source == "reference" and self.weight_norm == "batch"
         self.weight_clip = getattr(datamodule, "weight_clip", (0.0, 2.0))
 
     def on_fit_start(self) -> None:
@@ -202,7 +214,7 @@ class ERPOModule(L.LightningModule):
         optimizer = torch.optim.AdamW(
             (p for p in self.policy.parameters() if p.requires_grad),
             lr=self.hparams.learning_rate,
-            weight_decay=self.hparams.weight_decay,
+            weight_decay=self.algorithm.weight_decay,
         )
         warmup = max(self.hparams.warmup_steps, 0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
@@ -233,24 +245,18 @@ class ERPOModule(L.LightningModule):
 
     @torch.no_grad()
     def _step_query_weights(self, batch: dict) -> torch.Tensor:
-        """w(q) of an optimizer step's rows, [N], with a batch normaliser taken over the step's queries on all ranks.
-
-        The NLL is the current policy's (one forward over the group leaders' prompts) or the cached reference's.
+        """w(q) of an optimizer step's rows, [N]: mean NLL over the step's queries on all ranks / NLL(q), clipped to
+        `weight_clip`. The NLL is the current policy's (one no-grad forward over the group leaders' prompts, before
+        the step: the released code's `prepare_backward_batch`) or the cached reference's.
         """
         leaders = batch["is_group_leader"]
         if self.current_policy_weights:
-            prompt_length = batch["prompt_length"]
-            input_ids = batch["input_ids"][leaders, :prompt_length]
-            attention_mask = batch["attention_mask"][leaders, :prompt_length]
-            logprobs = sequence_logprobs(self.policy, input_ids, attention_mask)
-            query_mask = obj.split_prompt_response(logprobs, attention_mask, prompt_length)[1]
-            nll = -(logprobs * query_mask).sum(-1)
+            prompt = {key: batch[key][leaders, : batch["prompt_length"]] for key in ("input_ids", "attention_mask")}
+            logprobs = sequence_logprobs(self.policy, prompt["input_ids"], prompt["attention_mask"])
+            nll = -(logprobs * obj.query_token_mask(prompt["attention_mask"], batch["prompt_length"])).sum(-1)
         else:
             nll = self.reference_cache.nll[batch["query_index"][leaders].cpu()].to(self.device)
-        if self.weight_norm == "batch":
-            mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
-        else:
-            mean_nll = self.reference_cache.nll.float().mean()
+        mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
         weights = obj.query_weights(nll, mean_nll, self.weight_clip)
         return weights.repeat_interleave(batch["group_size"])
 
@@ -263,45 +269,29 @@ class ERPOModule(L.LightningModule):
         return rank_aligned_micro_batches(self._trainer, batch, self.hparams.micro_batch_tokens, self.device)
 
     def _micro_loss(self, micro: dict, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-        """Loss of one micro-batch, already divided by the global counts of its optimizer step."""
-        algorithm = self.algorithm
+        """Loss of one micro-batch (`objectives.rl_loss`), already divided by the global counts of its step."""
+        prompt_length = micro["prompt_length"]
         token_logprobs, logits = self._token_logprobs(self.policy, micro)
         query_lp, query_mask, response_lp, _ = obj.split_prompt_response(
-            token_logprobs, micro["attention_mask"], micro["prompt_length"]
+            token_logprobs, micro["attention_mask"], prompt_length
         )
-        # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
-        response_mask = micro["response_mask"]
         on_policy = "old_logprobs" not in micro
         old = response_lp.detach() if on_policy else micro["old_logprobs"]
-        per_token, stats = obj.policy_gradient_loss(
-            response_lp, old, micro["advantages"], response_mask,
-            clip_low=algorithm.clip_low, clip_high=algorithm.clip_high, dual_clip=algorithm.dual_clip,
-        )  # fmt: skip
-        token_mode = algorithm.loss_aggregation == "token_mean"
-        pg_loss = obj.aggregate(
-            per_token, response_mask, algorithm.loss_aggregation,
-            seq_weights=micro["query_weight"] if algorithm.use_query_weights else None,
-            constant=self.hparams.loss_constant,
-            normalizer=normalizers["tokens" if token_mode else "sequences"],
-        )  # fmt: skip
-        leaders = micro["is_group_leader"]
-        reference = self.reference_cache.padded(micro["query_index"][leaders], micro["prompt_length"]).to(query_lp)
-        per_query = obj.per_query_kl(query_lp[leaders], reference, query_mask[leaders], algorithm.query_kl_estimator)
-        loss = pg_loss + algorithm.query_kl_coef * per_query.sum() / normalizers["queries"]
-        parts = {"pg_loss": pg_loss.detach(), "query_kl": per_query.detach(), "stats": stats}
-        if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
-            parts["logprob_abs_diff"] = (old - micro["sampling_logprobs"]).abs()
+        ref_response = None
         if self.reference_policy is not None:
             with torch.no_grad():
-                ref_token_logprobs, _ = self._token_logprobs(self.reference_policy, micro)
-            per_token_kl = obj.kl_penalty(
-                response_lp, ref_token_logprobs[:, micro["prompt_length"] :], algorithm.policy_kl_kind
-            )
-            policy_kl = obj.aggregate(per_token_kl, response_mask, "token_mean", normalizer=normalizers["tokens"])
-            loss = loss + algorithm.policy_kl_coef * policy_kl
-            parts["policy_kl"] = per_token_kl.detach()
-        response_logits = logits[:, micro["prompt_length"] - 1 : -1]
-        parts["entropy"] = token_entropy(response_logits, self.hparams.temperature)
+                ref_response = self._token_logprobs(self.reference_policy, micro)[0][:, prompt_length:]
+        reference = self.reference_cache.padded(micro["query_index"], prompt_length).to(query_lp)
+        # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
+        loss, parts = obj.rl_loss(
+            self.algorithm, response_lp, old, micro["advantages"], micro["response_mask"],
+            query_lp, reference, query_mask, micro["is_group_leader"],
+            seq_weights=micro["query_weight"] if self.algorithm.use_query_weights else None,
+            constant=self.hparams.loss_constant, normalizers=normalizers, ref_response_logprobs=ref_response,
+        )  # fmt: skip
+        if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
+            parts["logprob_abs_diff"] = (old - micro["sampling_logprobs"]).abs()
+        parts["entropy"] = token_entropy(logits[:, prompt_length - 1 : -1], self.hparams.temperature)
         return loss, parts
 
     def _check_finite(self, name: str, value: torch.Tensor) -> bool:
@@ -318,11 +308,9 @@ class ERPOModule(L.LightningModule):
         optimizer = self.optimizers()
         if self.algorithm.use_query_weights and (self.current_policy_weights or self.batch_weights_from_reference):
             batch["query_weight"] = self._step_query_weights(batch)
-        normalizers = {
-            "tokens": self._global_sum(batch["response_mask"].sum()),
-            "sequences": self._global_sum(batch["response_mask"].shape[0]),
-            "queries": self._global_sum(batch["is_group_leader"].sum()),
-        }
+        query_mask = obj.query_token_mask(batch["attention_mask"], batch["prompt_length"])
+        counts = obj.loss_normalizers(batch["response_mask"], query_mask, batch["is_group_leader"])
+        normalizers = dict(zip(counts, self._global_sum(torch.stack(list(counts.values()))), strict=True))
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
         step_sums = torch.zeros(2, device=self.device)  # (loss, pg_loss): micro-batches hold shares of the step's
@@ -367,6 +355,7 @@ class ERPOModule(L.LightningModule):
         metrics = self.train_metrics
         response_mask = micro["response_mask"]
         metrics["query_kl"].update(parts["query_kl"])
+        metrics["query_kl_token_k3"].update(parts["query_kl_token_k3"])
         metrics["entropy"].update(parts["entropy"], response_mask)
         for name in ("policy_kl", "logprob_abs_diff"):
             if name in parts:
