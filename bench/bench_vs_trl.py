@@ -1,0 +1,277 @@
+"""erpo_lightning against TRL's `GRPOTrainer`: the same model, prompts and settings, rollouts included; prints JSON.
+
+One step = generate G responses for each of `--queries` prompts with Hugging Face `generate`, grade them, one
+optimizer step. Both sides use the same model checkpoint (fp32), prompts, group size, response cap, learning rate,
+AdamW without weight decay, gradient clipping at 1.0, no gradient checkpointing, token-mean loss (TRL `dapo`) and
+the same reward function. Each configuration runs in its own subprocess (so its peak RSS is its own), all of them
+interleaved over `--rounds` (the order reversed every other round, against drift), each doing one untimed warm-up
+step and `--steps` timed steps. Ratios are of medians measured in the same run:
+
+    ours `grpo`    vs TRL beta = 0
+    ours `grpo_kl` vs TRL beta = 0.001 (both load a frozen reference model; k3 estimator; TRL's KL bias correction
+                      off, so the two losses are the same, see docs/trl.md)
+    ours `erpo`    vs TRL beta = 0.001 (Query-KL from the cached reference scores: no reference model)
+
+Per step: generation (our rollout callback: sampling, grading, packing; TRL's `_generate_and_score_completions`:
+the same, plus its reference-model forward when beta > 0), training (the rest of the step: forward, backward,
+clipping, optimizer; our reference-model forward is here), total, and the process's peak RSS.
+
+    .venv/bin/python bench/bench_vs_trl.py                    # CPU, the 17M-parameter Qwen2 (see --help)
+    .venv/bin/python bench/bench_vs_trl.py --steps 2 --rounds 1 --max-new-tokens 32    # a quick check
+    .venv/bin/python bench/bench_vs_trl.py --model "$(.venv/bin/python -m erpo_lightning.real_model)"  # SmolLM2
+
+Needs TRL (`pip install -e '.[trl]'`), a bench-only extra; erpo_lightning never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# name -> (side, our algorithm or TRL's beta)
+CONFIGS = {
+    "ours_grpo": ("ours", "grpo"),
+    "trl_beta0": ("trl", 0.0),
+    "ours_grpo_kl": ("ours", "grpo_kl"),
+    "trl_beta_kl": ("trl", 0.001),  # = our grpo_kl preset's β
+    "ours_erpo": ("ours", "erpo"),
+}
+PAIRS = {"grpo_over_trl_beta0": ("ours_grpo", "trl_beta0"),
+         "grpo_kl_over_trl_beta_kl": ("ours_grpo_kl", "trl_beta_kl"),
+         "erpo_over_trl_beta_kl": ("ours_erpo", "trl_beta_kl")}  # fmt: skip
+# The shapes of bench_step.py's 20m model with the byte tokenizer's vocabulary: rollouts need a real tokenizer.
+SIZES = {
+    "17m": dict(hidden_size=512, num_layers=6, num_heads=8, num_kv_heads=2, intermediate_size=1408),
+    "tiny": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
+}
+
+
+def build_model(size: str, path: Path) -> None:
+    from erpo_lightning.tiny import save_tiny_model
+
+    save_tiny_model(path, seed=0, max_positions=4096, **SIZES[size])
+
+
+def model_dir(args) -> Path:
+    """`--model`, or the model `build_model` wrote into the run's work directory."""
+    return Path(args.model) if args.model else Path(args.workdir) / "model"
+
+
+def make_prompts(count: int) -> tuple[list[str], list[str]]:
+    """`count` distinct arithmetic prompts and their answers (the same text on both sides, no chat template)."""
+    prompts, answers = [], []
+    for index in range(count):
+        a, b = 3 + index % 7, 2 + (index * 5) % 9
+        prompts.append(f"Compute {a} + {b}. Put the answer in \\boxed{{}}.")
+        answers.append(str(a + b))
+    return prompts, answers
+
+
+def contains_answer(responses: list[str], golds: list[str]) -> list[float]:
+    """The reward of both sides: 1 when the gold answer appears in the response (cheap, and varies within groups)."""
+    return [float(gold in response) for response, gold in zip(responses, golds, strict=True)]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_ours(args, algorithm: str) -> dict:
+    import lightning as L
+    from transformers import AutoTokenizer
+
+    from erpo_lightning import objectives as obj
+    from erpo_lightning.callbacks.rollout import RolloutCallback
+    from erpo_lightning.data.cache import ReferenceScoreCache
+    from erpo_lightning.modules.erpo_module import ERPOModule
+    from erpo_lightning.rollout import HFEngine
+    from erpo_lightning.scoring import sequence_logprobs
+
+    model_path = model_dir(args)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts, answers = make_prompts(args.queries * (args.steps + 1))
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    module = ERPOModule(
+        str(model_path), algorithm=algorithm, learning_rate=args.lr, weight_decay=0.0, temperature=1.0,
+        gradient_clip_norm=1.0,
+    )  # fmt: skip
+    module.configure_model()
+    with torch.no_grad():  # what `erpo cache` does once before training: the initial model's query scores
+        rows = [sequence_logprobs(module.policy, torch.tensor([ids]), torch.ones(1, len(ids)))[0] for ids in prompt_ids]
+    module.reference_cache = ReferenceScoreCache.from_rows(rows)
+    weights = obj.query_weights(module.reference_cache.nll, module.reference_cache.nll.mean())
+    batches = [
+        {
+            "prompt_ids": prompt_ids[start : start + args.queries],
+            "answers": answers[start : start + args.queries],
+            "query_index": torch.arange(start, start + args.queries),
+            "query_weight": weights[start : start + args.queries],
+        }
+        for start in range(0, len(prompts), args.queries)
+    ]
+    marks: list[tuple[float, float, float]] = []
+
+    class StepStart(L.Callback):
+        def on_train_batch_start(self, *_):
+            self.start = time.perf_counter()
+
+    class GenerationEnd(L.Callback):
+        def on_train_batch_start(self, *_):
+            self.end = time.perf_counter()
+
+        def on_train_batch_end(self, *_):
+            marks.append((step_start.start, self.end, time.perf_counter()))
+
+    step_start = StepStart()
+    rollout = RolloutCallback(
+        HFEngine(), contains_answer, group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens
+    )
+    trainer = L.Trainer(
+        max_steps=args.steps + 1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[step_start, rollout, GenerationEnd()],
+    )  # fmt: skip
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda batch: batch)
+    trainer.fit(module, train_dataloaders=loader)
+    return summarize(marks[1:])
+
+
+def run_trl(args, beta: float) -> dict:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    model_path = model_dir(args)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts, answers = make_prompts(args.queries * (args.steps + 1))
+
+    def reward(prompts, completions, answer, **_):
+        return contains_answer(completions, answer)
+
+    config = GRPOConfig(
+        output_dir=str(Path(args.workdir) / f"trl_{beta}"), use_cpu=True, report_to="none", save_strategy="no",
+        bf16=False, gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"},
+        per_device_train_batch_size=args.queries * args.group_size, num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens, temperature=1.0, learning_rate=args.lr,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, beta=beta, loss_type="dapo",
+        use_bias_correction_kl=False, max_steps=args.steps + 1, logging_steps=10**6, shuffle_dataset=False,
+        disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=str(model_path), reward_funcs=reward, args=config, processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"prompt": prompts, "answer": answers}),
+    )  # fmt: skip
+    marks: list[tuple[float, float, float]] = []
+    generation = trainer._generate_and_score_completions
+    current: dict[str, float] = {}
+
+    def timed_generation(inputs):
+        result = generation(inputs)
+        current["generation_end"] = time.perf_counter()
+        return result
+
+    trainer._generate_and_score_completions = timed_generation
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            current["start"] = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            marks.append((current["start"], current["generation_end"], time.perf_counter()))
+
+    trainer.add_callback(StepTimer())
+    trainer.train()
+    return summarize(marks[1:])
+
+
+def summarize(marks: list[tuple[float, float, float]]) -> dict:
+    return {
+        "generation_s": [end_gen - start for start, end_gen, _ in marks],
+        "training_s": [end - end_gen for _, end_gen, end in marks],
+        "total_s": [end - start for start, _, end in marks],
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=SIZES, default="17m", help="the Qwen2 built here when --model is not set")
+    parser.add_argument("--model", help="a Hugging Face model directory with its tokenizer, used by both sides")
+    parser.add_argument("--queries", type=int, default=4, help="prompts per step")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="response cap")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per run, after one warm-up step")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--config", choices=CONFIGS, help=argparse.SUPPRESS)  # worker mode
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.config:
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
+        side, setting = CONFIGS[args.config]
+        print(json.dumps(run_ours(args, setting) if side == "ours" else run_trl(args, setting)))
+        return
+    if importlib.util.find_spec("trl") is None:
+        sys.exit("TRL is not installed: pip install -e '.[trl]' (bench-only extra)")
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as workdir:
+        if args.model is None:
+            build_model(args.size, Path(workdir) / "model")
+        elif not (Path(args.model) / "config.json").is_file():
+            sys.exit(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
+        results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+        for round_index in range(args.rounds):
+            order = list(CONFIGS) if round_index % 2 == 0 else list(CONFIGS)[::-1]
+            for name in order:
+                command = [sys.executable, __file__, *sys.argv[1:], "--config", name, "--workdir", workdir]
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode != 0:
+                    sys.exit(f"worker {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+                results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    summary = {
+        name: {
+            **{
+                f"{part}_median": statistics.median(t for run in runs for t in run[part])
+                for part in ("generation_s", "training_s", "total_s")
+            },
+            "peak_rss_mib": max(run["peak_rss_mib"] for run in runs),
+        }
+        for name, runs in results.items()
+    }
+    ratios = {
+        f"{pair}/{part}": summary[ours][f"{part}_median"] / summary[trl][f"{part}_median"]
+        for pair, (ours, trl) in PAIRS.items()
+        for part in ("total_s", "generation_s", "training_s")
+    }
+    ratios.update(
+        {f"{pair}/peak_rss": summary[ours]["peak_rss_mib"] / summary[trl]["peak_rss_mib"] for pair, (ours, trl) in
+         PAIRS.items()}
+    )  # fmt: skip
+    from importlib.metadata import version
+
+    report = {
+        "config": {k: v for k, v in vars(args).items() if k not in ("config", "workdir")},
+        "versions": {name: version(name) for name in ("torch", "transformers", "trl")},
+        "results": summary,
+        "ratios": ratios,
+        "wall_s": time.perf_counter() - started,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
