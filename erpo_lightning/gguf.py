@@ -1,0 +1,99 @@
+"""`.gguf` checkpoints as models: dequantized once into a cached Hugging Face directory, reused afterwards.
+
+Everything downstream (the policy, the reference cache and its fingerprint, vLLM) reads a plain HF directory
+(safetensors + tokenizer + chat template). `resolve_model_path` maps a `.gguf` path to that directory, named by the
+file's sha256 under `cache_home()/gguf/`, and passes any other path through unchanged. Needs the optional extra
+`gguf` (`pip install -e .[gguf]`: the `gguf` and `accelerate` packages) only when a conversion runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from erpo_lightning.data.fingerprint import _file_sha256, cache_home
+
+GGUF_SUFFIX = ".gguf"
+# Written last into a converted directory: its presence means the conversion finished.
+MANIFEST_NAME = "erpo_gguf_manifest.json"
+INSTALL_HINT = "Converting a .gguf model needs the `gguf` and `accelerate` packages: `pip install -e .[gguf]`."
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """True when `path` names a `.gguf` file (by its suffix; the file need not exist)."""
+    return str(path).lower().endswith(GGUF_SUFFIX)
+
+
+def converted_dir(gguf_file: Path, digest: str) -> Path:
+    """Where the HF directory of `gguf_file` (sha256 `digest`) lives in the cache."""
+    return cache_home() / "gguf" / f"{gguf_file.stem}-{digest[:16]}"
+
+
+def resolve_model_path(path: str) -> str:
+    """The HF model directory or Hub id to load for `path`: a `.gguf` file's cached conversion, else `path` itself.
+
+    The first call for a `.gguf` file dequantizes it to float32 (seconds to minutes); later calls only hash the file
+    (its sha256 is remembered by size and mtime, so that is one stat). A changed file gets a new directory.
+    """
+    if not is_gguf(path):
+        return path
+    gguf_file = Path(path)
+    if not gguf_file.is_file():
+        raise FileNotFoundError(f"model path {path!r} ends in {GGUF_SUFFIX} but is not a file")
+    digest = _file_sha256(gguf_file)
+    target = converted_dir(gguf_file, digest)
+    if (target / MANIFEST_NAME).is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Convert beside the target and rename: concurrent processes (ranks, parallel jobs) never see half a directory.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of the same cache home
+    try:
+        convert_gguf(gguf_file, staging, digest)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not (target / MANIFEST_NAME).is_file():  # not another process's finished conversion
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def convert_gguf(gguf_file: Path, out_dir: Path, digest: str) -> None:
+    """Dequantize `gguf_file` into `out_dir`: float32 safetensors, config, generation config, tokenizer, template.
+
+    transformers loads a `.gguf` dequantized but marks the model as GGUF-quantized and refuses to save it, so the
+    weights are copied into a fresh model built from the same config without its `quantization_config`.
+    """
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"{' and '.join(missing)} not installed. {INSTALL_HINT}")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    where = dict(pretrained_model_name_or_path=gguf_file.parent, gguf_file=gguf_file.name)
+    tokenizer = AutoTokenizer.from_pretrained(**where)  # with the file's chat template, when it has one
+    loaded = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
+    settings = loaded.config.to_dict()
+    settings.pop("quantization_config", None)
+    settings.pop("_name_or_path", None)
+    model_type = settings.pop("model_type")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings), dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    manifest = {
+        "source": gguf_file.name,
+        "sha256": digest,
+        "architecture": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": model.config.vocab_size,
+        "dtype": "float32",
+    }
+    (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

