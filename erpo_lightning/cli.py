@@ -6,7 +6,9 @@
 
 The config has the usual LightningCLI groups (`trainer`, `model`, `data`) plus `rollout` (the RolloutCallback:
 engine, reward, group size, sampling). `model.model_path` also sets `data.model_path`, and `rollout.temperature`
-sets `model.temperature`, so the three always agree.
+sets `model.temperature`, so the three always agree. The optimizer and its schedule are `model.optimizer` and
+`model.lr_scheduler` (`class_path` + `init_args`; unset = AdamW with `model.learning_rate` and a linear warm-up of
+`model.warmup_steps`; see `erpo_lightning/modules/optim.py` for which setting wins).
 
 Settings are checked before anything is loaded (`check_settings`): a value outside its range, a misspelt top-level
 key, a model path without a model or a checkpoint that is not there is a one-line error naming the field.
@@ -42,12 +44,12 @@ from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E4
 from erpo_lightning.errors import SettingsError, debug_requested, quiet_known_warnings, run_reporting_errors  # noqa: E402
 from erpo_lightning.evaluation import SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
+from erpo_lightning.modules.optim import check_optimizer_settings  # noqa: E402
+from erpo_lightning.objectives import GROUP_ESTIMATORS  # noqa: E402
 
 # Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
 # they replace it instead (each such flag is preceded by `<flag>=[]`).
 REPLACED_LISTS = ("--data.train", "--sweep.benchmarks")
-# Advantage estimators that compare the G responses of a query with each other: G = 1 has nothing to compare.
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 RESUME_KEYWORDS = ("last", "last_or_none", "best", "hpc")
 
 
@@ -212,7 +214,14 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         _at_least(config, field, 1)
     for field, minimum in (("model.num_iterations", 1), ("model.micro_batch_tokens", 1), ("model.warmup_steps", 0)):
         _at_least(config, field, minimum)
-    _at_least(config, "model.learning_rate", 0)
+    _at_least(config, "model.learning_rate", 0, optional=True)
+    model = config.model
+    try:
+        check_optimizer_settings(
+            model.optimizer, model.lr_scheduler, model.learning_rate, model.weight_decay, model.warmup_steps
+        )
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
     _at_least(config, "model.update_batch_size", 1, optional=True)
     _at_least(config, "model.max_consecutive_skips", 1)
     preset = ALGORITHMS.get(config.model.algorithm)
@@ -275,7 +284,9 @@ def main(args: list[str] | None = None) -> None:
             QueryDataModule,
             trainer_class=ERPOTrainer,
             save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,  # the module builds AdamW + warm-up from its own fields
+            # Not LightningCLI's top-level `optimizer:` groups: they build the optimizer over the module's parameters
+            # before configure_model has loaded the policy; `model.optimizer` is called in configure_optimizers.
+            auto_configure_optimizers=False,
             args=args,
         ),
         debug,

@@ -29,6 +29,8 @@ QueryKLAggregation = Literal["per_query", "like_pg"]
 RATIO_LOG_CLAMP = 20.0
 # The released code's bound on the k3 value (ROLL `compute_approx_kl`), also verl's and slime's.
 DEFAULT_KL_CLAMP = 10.0
+# Estimators whose baseline comes from the other responses of the same query: a group of one has none.
+GROUP_ESTIMATORS: tuple[Estimator, ...] = ("grpo", "dr_grpo", "rloo")
 
 
 def group_advantages(
@@ -58,7 +60,7 @@ def group_advantages(
         )
     if estimator == "reinforce":
         return rewards - rewards.mean()
-    if group_size < 2:
+    if estimator in GROUP_ESTIMATORS and group_size < 2:
         raise ValueError(
             f"estimator {estimator!r} needs group_size >= 2 (got {group_size}): a group of one has no baseline"
         )

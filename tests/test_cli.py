@@ -30,6 +30,19 @@ def test_print_config_has_every_group():
     config = yaml.safe_load(result.stdout)
     assert {"trainer", "model", "data", "rollout"} <= set(config)
     assert config["model"]["algorithm"] == "erpo"
+    # Unset: AdamW with model.learning_rate (1e-6) and a linear warm-up of model.warmup_steps (see modules/optim.py).
+    assert (config["model"]["optimizer"], config["model"]["lr_scheduler"]) == (None, None)
+    assert (config["model"]["learning_rate"], config["model"]["warmup_steps"]) == (None, 0)
+
+
+def test_optimizer_and_schedule_from_the_command_line():
+    flags = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.1", "--model.lr_scheduler", "CosineAnnealingLR"]
+    result = run_erpo("fit", *flags, "--model.lr_scheduler.T_max", "10", "--print_config")
+    assert result.returncode == 0, result.stderr
+    model = yaml.safe_load(result.stdout)["model"]
+    assert model["optimizer"]["class_path"] == "torch.optim.SGD" and model["optimizer"]["init_args"]["lr"] == 0.1
+    assert model["lr_scheduler"]["class_path"] == "torch.optim.lr_scheduler.CosineAnnealingLR"
+    assert model["lr_scheduler"]["init_args"]["T_max"] == 10
 
 
 @pytest.fixture()
@@ -86,3 +99,11 @@ def test_cache_then_fit_end_to_end(smoke_config, tmp_path):
     assert rebuilt.returncode == 0 and "wrote reference scores" in rebuilt.stdout + rebuilt.stderr, rebuilt.stderr[
         -2000:
     ]
+
+
+def test_a_setting_with_two_owners_is_refused_before_anything_loads(smoke_config, tmp_path):
+    """The smoke config sets model.learning_rate; a configured optimizer owns its own (init_args.lr)."""
+    result = run_erpo("fit", "--config", str(smoke_config), "--model.optimizer", "SGD", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "model.learning_rate is set together with model.optimizer" in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()  # refused before the trainer, logger or cache existed

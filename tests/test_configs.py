@@ -34,7 +34,11 @@ def test_configs_parse_and_overlays_apply():
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(runs)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = {key: yaml.safe_load(text) for key, text in json.loads(done.stdout.strip().splitlines()[-1]).items()}
-    assert printed[str(CONFIGS / "quickstart.yaml")]["model"]["algorithm"] == "erpo"
+    quickstart = printed[str(CONFIGS / "quickstart.yaml")]["model"]
+    assert quickstart["algorithm"] == "erpo"
+    # The default AdamW + linear warm-up, configured by the model's own fields (as before they were configurable).
+    assert (quickstart["optimizer"], quickstart["lr_scheduler"]) == (None, None)
+    assert (quickstart["learning_rate"], quickstart["warmup_steps"]) == (1e-4, 5)
     assert printed[base]["model"]["algorithm"] == "erpo"
     for name, algorithm in OVERLAYS.items():
         config = printed[f"{base}+{CONFIGS / 'paper' / name}"]

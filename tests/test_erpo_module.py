@@ -8,7 +8,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.modules.erpo_module import ERPOModule, NonFiniteLossError
+from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.modules.optim import NonFiniteLossError
 from erpo_lightning.scoring import gather_token_logprobs
 
 PAD = 256
@@ -175,7 +176,7 @@ def test_nan_loss_is_handled_as_configured(setup, policy):
             fit_one_batch(module, batch)
     else:
         trainer = fit_one_batch(module, batch, max_epochs=1)  # a skipped step does not count towards max_steps
-        assert module.skipped_steps == 1 and trainer.callback_metrics["train/skipped_steps"].item() == 1
+        assert module.guard.skipped_steps == 1 and trainer.callback_metrics["train/skipped_steps"].item() == 1
     for key, value in module.policy.state_dict().items():
         assert torch.equal(value, before[key]), f"{key} changed although the step had a NaN loss"
 
@@ -265,3 +266,36 @@ def test_current_weights_with_dataset_norm_are_refused(setup, tmp_path, benchmar
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match="data.weight_norm 'batch'"):
         trainer.fit(ERPOModule(str(path)), datamodule=datamodule)
+
+
+def parity_reward(responses, golds):
+    return [float(len(text) % 2 == 0) for text in responses]
+
+
+@pytest.mark.parametrize(
+    ("module_kwargs", "callback_kwargs", "message"),
+    [
+        ({"temperature": 1.0}, {"temperature": 0.7}, "model.temperature 1.0 differs from the RolloutCallback's .* 0.7"),
+        ({"algorithm": "rloo"}, {"group_size": 1}, "rollout.group_size must be >= 2 with the 'rloo' advantage"),
+    ],
+    ids=["temperature", "group_size"],
+)
+def test_components_that_disagree_fail_at_fit_start_before_any_load(
+    tiny_model_path, tmp_path, benchmarks_dir, module_kwargs, callback_kwargs, message
+):
+    """The Python API sets the module's and the callback's settings separately (the CLI links them)."""
+    from erpo_lightning.callbacks.rollout import RolloutCallback
+    from erpo_lightning.data import QueryDataModule
+    from erpo_lightning.rollout import HFEngine
+
+    module = ERPOModule(str(tiny_model_path), **module_kwargs)
+    datamodule = QueryDataModule(
+        str(tiny_model_path), train=[{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 4}], template="plain",
+        batch_size=2, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    rollout = RolloutCallback(HFEngine(), parity_reward, **callback_kwargs)
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[rollout])
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(module, datamodule=datamodule)
+    assert module.policy is None and datamodule.cache is None  # no model loaded, no reference cache built
+    assert not (tmp_path / "cache").exists()

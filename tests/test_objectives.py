@@ -39,8 +39,11 @@ def test_group_advantages_sum_to_zero_and_constant_groups_are_zero(estimator):
 def test_group_advantages_rejects_bad_shapes():
     with pytest.raises(ValueError, match="multiple of group_size"):
         obj.group_advantages(torch.zeros(7), 4)
-    with pytest.raises(ValueError, match="group_size >= 2"):
-        obj.group_advantages(torch.zeros(4), 1, "grpo")
+    for estimator in ("grpo", "dr_grpo", "rloo"):  # a group of one has no baseline; the error names the estimator
+        with pytest.raises(ValueError, match=f"estimator '{estimator}' needs group_size >= 2"):
+            obj.group_advantages(torch.zeros(4), 1, estimator)
+    reinforce = obj.group_advantages(torch.tensor([1.0, 3.0]), 1, "reinforce")  # groups play no part: r - batch mean
+    torch.testing.assert_close(reinforce, torch.tensor([-1.0, 1.0]))
     with pytest.raises(ValueError, match="unknown estimator"):
         obj.group_advantages(torch.zeros(4), 2, "ppo")
 

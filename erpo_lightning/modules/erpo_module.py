@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MaxMetric, MinMetric
 from transformers import AutoModelForCausalLM
 
@@ -22,6 +23,7 @@ from erpo_lightning.algorithms import Algorithm, AlgorithmName, QueryWeightMode,
 from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
+from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.scoring import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs, token_entropy
@@ -33,10 +35,6 @@ TRAIN_METRICS = (
     "dual_clip_frac", "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min",
     "query_weight_max", "logprob_abs_diff",
 )  # fmt: skip
-
-
-class NonFiniteLossError(RuntimeError):
-    """A loss or gradient was NaN/inf; raised before the optimizer step, so no corrupted weights are saved."""
 
 
 class ERPOModule(L.LightningModule):
@@ -54,13 +52,14 @@ class ERPOModule(L.LightningModule):
         micro_batch_tokens: token budget of one forward (rows × longest row).
         loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), e.g. rollout.max_new_tokens; required
             by that aggregation.
-        learning_rate, weight_decay, warmup_steps: AdamW with linear warm-up then constant; weight_decay None = the
-            preset's (0.01 for `erpo_released`, else 0).
+        learning_rate, weight_decay, warmup_steps: the default AdamW (learning_rate None = 1e-6, weight_decay None =
+            the preset's: 0.01 for `erpo_released`, else 0) and its linear warm-up (then constant), in optimizer steps.
+        optimizer, lr_scheduler: callables `params -> Optimizer` and `Optimizer -> LRScheduler` (in a config:
+            `class_path` + `init_args`); None = the AdamW / `optim.LinearWarmup` above. Which setting wins: optim.py.
         gradient_clip_norm: max global grad norm (None = no clipping).
         monitor_policy_kl: load a frozen reference model to log Policy-KL even when its coefficient is 0.
-        nan_policy: `stop` raises on a non-finite loss/gradient; `skip` drops that optimizer step and counts it
-            (a skipped step does not count towards `max_steps`).
-        max_consecutive_skips: with `skip`, stop the run after this many skipped steps in a row.
+        nan_policy, max_consecutive_skips: `stop` raises on a non-finite loss/gradient; `skip` drops that optimizer
+            step (not counted towards `max_steps`) and stops the run after `max_consecutive_skips` in a row.
         dtype: `float32` | `bfloat16` | `float16` for the policy weights.
         gradient_checkpointing: recompute each decoder layer's activations in backward (activation checkpointing).
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
@@ -91,9 +90,11 @@ class ERPOModule(L.LightningModule):
         update_batch_size: int | None = None,
         micro_batch_tokens: int = 16384,
         loss_constant: float | None = None,
-        learning_rate: float = 1e-6,
+        learning_rate: float | None = None,
         weight_decay: float | None = None,
         warmup_steps: int = 0,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
         gradient_clip_norm: float | None = 1.0,
         monitor_policy_kl: bool = False,
         nan_policy: Literal["stop", "skip"] = "stop",
@@ -104,12 +105,14 @@ class ERPOModule(L.LightningModule):
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        # Callables are not plain data (a `weights_only` checkpoint load refuses them); the CLI's config keeps them.
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        check_optimizer_settings(optimizer, lr_scheduler, learning_rate, weight_decay, warmup_steps)
+        self.optimizer_factory, self.lr_scheduler_factory = optimizer, lr_scheduler
         # Every field of `Algorithm` is a parameter of this module of the same name: None keeps the preset's value.
         overrides = {field.name: self.hparams[field.name] for field in fields(Algorithm)}
         self.algorithm: Algorithm = resolve_algorithm(algorithm, **overrides)
-        if nan_policy not in ("stop", "skip"):
-            raise ValueError(f"model.nan_policy must be 'stop' or 'skip', got {nan_policy!r}")
+        self.guard = NonFiniteGuard(nan_policy, max_consecutive_skips)
         if self.algorithm.loss_aggregation == "seq_sum_constant" and not (loss_constant or 0) > 0:
             raise ValueError(
                 f"model.algorithm {algorithm!r} divides each response's summed loss by a constant (loss_aggregation "
@@ -127,8 +130,6 @@ class ERPOModule(L.LightningModule):
         self.weight_norm = "batch" if self.current_policy_weights else "dataset"
         self.weight_clip: tuple[float, float] | None = None if self.current_policy_weights else (0.0, 2.0)
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
-        self.skipped_steps = 0
-        self.consecutive_skips = 0
         self.train_metrics = torch.nn.ModuleDict({name: MaskedMean() for name in TRAIN_METRICS})
         self.train_metrics.update({
             "query_kl": QueryKL(), "query_kl_token_k3": QueryKL(), "policy_kl": PolicyKL(),
@@ -186,6 +187,31 @@ class ERPOModule(L.LightningModule):
         self.batch_weights_from_reference = source == "reference" and self.weight_norm == "batch"
         self.weight_clip = getattr(datamodule, "weight_clip", (0.0, 2.0))
 
+    def configure_callbacks(self) -> list:
+        # The first hook Lightning calls on every rank in fit, before the datamodule's setup builds the reference
+        # cache and configure_model loads weights: components that disagree fail here, in a second.
+        if self.trainer.state.fn == "fit":
+            self.check_components(self.trainer.callbacks)
+        return []
+
+    def check_components(self, callbacks: list) -> None:
+        """ValueError when the RolloutCallback samples at another temperature than the log-probs are computed at,
+        or gives groups of one to an advantage estimator that compares the responses of a group."""
+        from erpo_lightning.callbacks.rollout import RolloutCallback  # callbacks are a layer above this module
+
+        for sampling in (c.settings for c in callbacks if isinstance(c, RolloutCallback)):
+            if sampling.temperature != self.hparams.temperature:
+                raise ValueError(
+                    f"model.temperature {self.hparams.temperature} differs from the RolloutCallback's temperature "
+                    f"{sampling.temperature}: the loss needs the log-probs of the distribution the rollouts were "
+                    "sampled from; set both to the same value (the erpo CLI links rollout.temperature to it)"
+                )
+            if self.algorithm.advantage_estimator in obj.GROUP_ESTIMATORS and sampling.n < 2:
+                raise ValueError(
+                    f"rollout.group_size must be >= 2 with the {self.algorithm.advantage_estimator!r} advantage "
+                    f"estimator (it compares the responses of one query), got {sampling.n}"
+                )
+
     def on_fit_start(self) -> None:
         if self.reference_cache is None:
             raise RuntimeError(
@@ -196,8 +222,8 @@ class ERPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["erpo"] = {
             "policy_version": self.policy_version,
-            "skipped_steps": self.skipped_steps,
-            "consecutive_skips": self.consecutive_skips,
+            "skipped_steps": self.guard.skipped_steps,
+            "consecutive_skips": self.guard.consecutive_skips,
             # Unseeded rollouts and any other sampling draw from these: a resumed run continues their streams.
             "rng": rng_state(),
         }
@@ -205,19 +231,17 @@ class ERPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("erpo", {})
         self.policy_version = state.get("policy_version", 0)
-        self.skipped_steps = state.get("skipped_steps", 0)
-        self.consecutive_skips = state.get("consecutive_skips", 0)
+        self.guard.skipped_steps = state.get("skipped_steps", 0)
+        self.guard.consecutive_skips = state.get("consecutive_skips", 0)
         if "rng" in state:
             set_rng_state(state["rng"])
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(
+        optimizer, scheduler = build_optimizer(
             (p for p in self.policy.parameters() if p.requires_grad),
-            lr=self.hparams.learning_rate,
-            weight_decay=self.algorithm.weight_decay,
-        )
-        warmup = max(self.hparams.warmup_steps, 0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+            self.optimizer_factory, self.lr_scheduler_factory,
+            self.hparams.learning_rate, self.algorithm.weight_decay, self.hparams.warmup_steps,
+        )  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --------------------------------------------------------------------------------------------- forward passes
@@ -294,15 +318,6 @@ class ERPOModule(L.LightningModule):
         parts["entropy"] = token_entropy(logits[:, prompt_length - 1 : -1], self.hparams.temperature)
         return loss, parts
 
-    def _check_finite(self, name: str, value: torch.Tensor) -> bool:
-        if torch.isfinite(value).all():
-            return True
-        message = f"non-finite {name} at global step {self.global_step} (epoch {self.current_epoch})"
-        if self.hparams.nan_policy == "stop":
-            raise NonFiniteLossError(message + "; set model.nan_policy=skip to drop such steps instead")
-        self.print(f"[erpo] {message}: optimizer step skipped")
-        return False
-
     def _optimizer_step(self, batch: dict) -> None:
         """Forward/backward every micro-batch of `batch` (one optimizer step's rows), then step."""
         optimizer = self.optimizers()
@@ -323,10 +338,11 @@ class ERPOModule(L.LightningModule):
                 step_sums += torch.stack([loss.detach(), parts["pg_loss"]])
                 recorded.append((micro, parts))
         step_loss, step_pg_loss = self._global_sum(step_sums)  # the whole step's values, equal on every rank
-        finite = self._check_finite("loss", step_loss)
+        where = f"global step {self.global_step} (epoch {self.current_epoch})"
+        finite = self.guard.finite("loss", step_loss, where)
         if finite and self.hparams.gradient_clip_norm is not None:
-            grad_norm = self.clip_gradients_norm()
-            finite = self._check_finite("gradient norm", grad_norm)
+            grads = [p for p in self.policy.parameters() if p.grad is not None]  # the norm is over all ranks/shards
+            finite = self.guard.finite("gradient norm", clip_grad_norm(grads, self.hparams.gradient_clip_norm), where)
         if finite:
             self.train_metrics["loss"].update(step_loss)
             self.train_metrics["pg_loss"].update(step_pg_loss)
@@ -335,21 +351,10 @@ class ERPOModule(L.LightningModule):
             optimizer.step()
             self.lr_schedulers().step()
             self.policy_version += 1
-            self.consecutive_skips = 0
         else:
-            self.skipped_steps += 1
-            self.consecutive_skips += 1
-            if self.consecutive_skips >= self.hparams.max_consecutive_skips:
-                raise NonFiniteLossError(
-                    f"{self.consecutive_skips} optimizer steps in a row had non-finite values; stopping "
-                    "(lower the learning rate, check rewards for NaN, or raise model.max_consecutive_skips)"
-                )
+            self.print(f"[erpo] non-finite loss or gradient at {where}: optimizer step skipped")
+        self.guard.record(stepped=finite)
         optimizer.zero_grad(set_to_none=True)
-
-    def clip_gradients_norm(self) -> torch.Tensor:
-        """Clip the global gradient norm (across ranks and shards) to `gradient_clip_norm`; return the norm before."""
-        parameters = [p for p in self.policy.parameters() if p.grad is not None]
-        return clip_grad_norm(parameters, self.hparams.gradient_clip_norm)
 
     def _update_metrics(self, micro: dict, parts: dict) -> None:
         metrics = self.train_metrics
@@ -395,7 +400,7 @@ class ERPOModule(L.LightningModule):
             if metric.update_count:
                 logged[f"train/{name}"] = metric.compute()
             metric.reset()
-        logged["train/skipped_steps"] = float(self.skipped_steps)
+        logged["train/skipped_steps"] = float(self.guard.skipped_steps)
         logged["train/policy_version"] = float(self.policy_version)
         logged["train/lr"] = self.optimizers().param_groups[0]["lr"]
         self.log_dict(logged, on_step=True, prog_bar=False, batch_size=1)

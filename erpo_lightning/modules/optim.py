@@ -1,0 +1,147 @@
+"""The policy's optimizer and learning-rate schedule (AdamW with linear warm-up, or any pair a config names), and the
+guard that decides whether an optimizer step with non-finite values is taken.
+
+Who owns each setting (one owner each):
+
+- `model.optimizer` unset (the default): AdamW with `lr = model.learning_rate` (default 1e-6) and `weight_decay =
+  model.weight_decay`, which when unset is the algorithm preset's (0.01 for `erpo_released`, else 0).
+- `model.optimizer` set (e.g. `class_path: torch.optim.SGD`): its `init_args` own the learning rate and the weight
+  decay; `model.learning_rate` and `model.weight_decay` must then stay unset, and the preset's weight decay is not
+  applied.
+- `model.lr_scheduler` unset: `LinearWarmup(model.warmup_steps)`; set: it owns the schedule and
+  `model.warmup_steps` must stay 0.
+
+The module uses manual optimization and steps the scheduler once per optimizer step (several per rollout batch), so a
+schedule counts optimizer steps; `ReduceLROnPlateau`, which needs a monitored metric, is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
+
+DEFAULT_LEARNING_RATE = 1e-6
+
+
+class LinearWarmup(LambdaLR):
+    """Learning rate × min(1, (step + 1) / (warmup_steps + 1)): a linear ramp over `warmup_steps` optimizer steps,
+    then constant (warmup_steps 0 = constant from the first step)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 0, last_epoch: int = -1) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+
+        def factor(step: int) -> float:
+            return min(1.0, (step + 1) / (warmup_steps + 1))
+
+        super().__init__(optimizer, factor, last_epoch)
+
+
+def check_optimizer_settings(
+    optimizer: OptimizerCallable | None,
+    lr_scheduler: LRSchedulerCallable | None,
+    learning_rate: float | None,
+    weight_decay: float | None,
+    warmup_steps: int,
+) -> None:
+    """ValueError when a setting has two owners (see the module docstring) or is out of range."""
+    if optimizer is not None:
+        for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay)):
+            if value is not None:
+                raise ValueError(
+                    f"model.{name} is set together with model.optimizer, whose init_args own it: set it there "
+                    f"(e.g. model.optimizer.init_args.{'lr' if name == 'learning_rate' else name}) and remove "
+                    f"model.{name}"
+                )
+    if lr_scheduler is not None and warmup_steps != 0:
+        raise ValueError(
+            "model.warmup_steps is set together with model.lr_scheduler, which owns the schedule: remove "
+            "model.warmup_steps (a warm-up from the config: class_path erpo_lightning.modules.optim.LinearWarmup, "
+            "init_args.warmup_steps)"
+        )
+    if warmup_steps < 0:
+        raise ValueError(f"model.warmup_steps must be >= 0, got {warmup_steps}")
+    if learning_rate is not None and not learning_rate >= 0:
+        raise ValueError(f"model.learning_rate must be >= 0, got {learning_rate}")
+
+
+def build_optimizer(
+    parameters: Iterable[torch.nn.Parameter],
+    optimizer: OptimizerCallable | None,
+    lr_scheduler: LRSchedulerCallable | None,
+    learning_rate: float | None,
+    weight_decay: float,
+    warmup_steps: int,
+) -> tuple[torch.optim.Optimizer, LRScheduler]:
+    """The optimizer over `parameters` and its per-optimizer-step schedule.
+
+    Args:
+        optimizer, lr_scheduler: callables from the config (None = AdamW / LinearWarmup, see the module docstring).
+        learning_rate: AdamW's learning rate (None = DEFAULT_LEARNING_RATE); unused with `optimizer`.
+        weight_decay: AdamW's weight decay (the module resolves model.weight_decay or the preset's); unused with
+            `optimizer`.
+        warmup_steps: LinearWarmup's ramp length in optimizer steps; unused with `lr_scheduler`.
+    """
+    parameters = list(parameters)
+    if optimizer is None:
+        lr = DEFAULT_LEARNING_RATE if learning_rate is None else learning_rate
+        built = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+    else:
+        built = optimizer(parameters)
+    schedule = LinearWarmup(built, warmup_steps) if lr_scheduler is None else lr_scheduler(built)
+    if isinstance(schedule, ReduceLROnPlateau):
+        raise ValueError(
+            "model.lr_scheduler: ReduceLROnPlateau needs a monitored metric, but the schedule is stepped once per "
+            "optimizer step without one; choose a step-based schedule (e.g. torch.optim.lr_scheduler.CosineAnnealingLR)"
+        )
+    return built, schedule
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss or gradient was NaN/inf; raised before the optimizer step, so no corrupted weights are saved."""
+
+
+@dataclass
+class NonFiniteGuard:
+    """`nan_policy` applied to each optimizer step: `stop` raises on a non-finite value, `skip` drops the step and
+    counts it, up to `max_consecutive_skips` in a row. The counts are saved in checkpoints."""
+
+    nan_policy: Literal["stop", "skip"] = "stop"
+    max_consecutive_skips: int = 10
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nan_policy not in ("stop", "skip"):
+            raise ValueError(f"model.nan_policy must be 'stop' or 'skip', got {self.nan_policy!r}")
+        if self.max_consecutive_skips < 1:
+            raise ValueError(f"model.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
+
+    def finite(self, name: str, value: torch.Tensor, where: str) -> bool:
+        """True when `value` is finite; else raise (`stop`) or False (`skip`). `where` locates the step."""
+        if torch.isfinite(value).all():
+            return True
+        if self.nan_policy == "stop":
+            raise NonFiniteLossError(
+                f"non-finite {name} at {where}; set model.nan_policy=skip to drop such steps instead"
+            )
+        return False
+
+    def record(self, stepped: bool) -> None:
+        """Count a taken or a skipped step; raise after `max_consecutive_skips` skipped steps in a row."""
+        if stepped:
+            self.consecutive_skips = 0
+            return
+        self.skipped_steps += 1
+        self.consecutive_skips += 1
+        if self.consecutive_skips >= self.max_consecutive_skips:
+            raise NonFiniteLossError(
+                f"{self.consecutive_skips} optimizer steps in a row had non-finite values; stopping "
+                "(lower the learning rate, check rewards for NaN, or raise model.max_consecutive_skips)"
+            )
