@@ -43,6 +43,7 @@ from erpo_lightning.checkpointing import AtomicCheckpointIO, resolve_resume_path
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
 from erpo_lightning.errors import SettingsError, debug_requested, quiet_known_warnings, run_reporting_errors  # noqa: E402
 from erpo_lightning.evaluation import SweepConfig, run_validate  # noqa: E402
+from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
 from erpo_lightning.modules.optim import check_optimizer_settings  # noqa: E402
 from erpo_lightning.objectives import GROUP_ESTIMATORS  # noqa: E402
@@ -147,6 +148,7 @@ class ERPOCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand is not None:
             check_settings(self.config[subcommand], subcommand)
+            use_converted_gguf(self.config[subcommand])
 
     def before_fit(self) -> None:
         fit = self.config_init["fit"]
@@ -242,9 +244,27 @@ def check_settings(config: Namespace, subcommand: str) -> None:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
+def use_converted_gguf(config: Namespace) -> None:
+    """Point model.model_path and data.model_path at the cached HF conversion when the model is a `.gguf` file.
+
+    The one place a `.gguf` path is resolved for the CLI: the policy, the reference cache's fingerprint and the
+    engines then all read the same converted directory (named by the file's sha256).
+    """
+    if is_gguf(str(config.model.model_path)):
+        converted = resolve_model_path(str(config.model.model_path))
+        config.model.model_path = converted
+        if config.get("data") is not None and config.data.get("model_path") is not None:
+            config.data.model_path = converted
+
+
 def check_model_path(model_path: str, field: str = "model.model_path") -> None:
-    """A SettingsError unless `model_path` is a directory with a `config.json`, or a Hub id that can be fetched."""
+    """A SettingsError unless `model_path` is a `.gguf` file, a directory with a `config.json`, or a Hub id that can be
+    fetched."""
     path = Path(model_path).expanduser()
+    if is_gguf(model_path):
+        if not path.is_file():
+            raise SettingsError(f"{field}: no model at {model_path} (no such .gguf file)")
+        return
     if path.exists() or not _HUB_ID.match(model_path) or ".." in model_path:
         if not (path / "config.json").is_file():
             missing = "" if path.exists() else "; the directory does not exist"

@@ -37,7 +37,7 @@ def resolve_model_path(path: str) -> str:
     """The HF model directory or Hub id to load for `path`: a `.gguf` file's cached conversion, else `path` itself.
 
     The first call for a `.gguf` file dequantizes it to float32 (seconds to minutes); later calls only hash the file
-    (its sha256 is remembered by size and mtime, so that is one stat). A changed file gets a new directory.
+    (its sha256 is remembered per file version, see `fingerprint._file_version`). A changed file gets a new directory.
     """
     if not is_gguf(path):
         return path

@@ -107,3 +107,55 @@ def test_smollm2_prepared_from_pypi_loads_chats_and_generates(smollm2_dir):
     direct = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(direct.eval()(**ids).logits, model(**ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
+    """`erpo fit` with `model.model_path: <file>.gguf`: the CLI trains the cached conversion, two real steps."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from erpo_lightning.data.fingerprint import cache_home
+    from erpo_lightning.data.sources import BENCHMARK_DIR
+    from erpo_lightning.real_model import smollm2_gguf
+
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "max_steps": 2,
+            "accelerator": "cpu",
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}},
+            "enable_checkpointing": False,
+            "log_every_n_steps": 1,
+        },
+        "model": {"model_path": str(smollm2_gguf()), "algorithm": "erpo", "learning_rate": 1e-5},
+        "data": {
+            "train": [{"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 4}],
+            "template": "qwen25-math-cot",
+            "max_prompt_length": 256,
+            "batch_size": 2,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+        "rollout": {
+            "engine": {"class_path": "erpo_lightning.rollout.HFEngine"},
+            "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
+            "group_size": 2,
+            "max_new_tokens": 8,
+            "seed": 0,
+        },
+    }
+    path = tmp_path / "gguf.yaml"
+    path.write_text(yaml.safe_dump(config))
+    erpo = str(Path(sys.executable).with_name("erpo"))
+    env = {**os.environ, "ERPO_CACHE_HOME": str(cache_home())}  # the fixture's conversion, not a second one
+    done = subprocess.run([erpo, "fit", "--config", str(path)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (metrics_file,) = tmp_path.rglob("metrics.csv")
+    rows = [row for row in csv.DictReader(metrics_file.open()) if row.get("train/loss")]
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(float(row["train/loss"]))) for row in rows)
+    (hparams_file,) = tmp_path.rglob("hparams.yaml")
+    assert yaml.safe_load(hparams_file.read_text())["model_path"] == str(smollm2_dir)  # trained the conversion
