@@ -24,7 +24,7 @@ from erpo_lightning.data import resolve_template  # noqa: E402
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.evaluation import Benchmark, SweepConfig, SweepMetric, SweepRunner, prepare_benchmarks  # noqa: E402
 from erpo_lightning.rewards import MathReward  # noqa: E402
-from erpo_lightning.rollout import HFEngine, VLLMEngine  # noqa: E402
+from erpo_lightning.rollout import HFEngine, RolloutSampler, VLLMEngine  # noqa: E402
 from erpo_lightning.tiny import build_byte_tokenizer, load_tiny_model, save_tiny_model  # noqa: E402
 
 
@@ -71,9 +71,10 @@ def main() -> None:
                 if name == "hf"
                 else VLLMEngine(dtype="float32", max_model_len=1024, engine_kwargs={"max_num_batched_tokens": 1 << 20})
             )
-            engine.setup(policy, tokenizer)
+            sampler = RolloutSampler(engine, reward, tokenizer=tokenizer)
+            sampler.setup(policy)
             metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
-            timing = SweepRunner(engine, reward, tokenizer).run(benchmarks, config, metric, args.max_new_tokens)
+            timing = SweepRunner(sampler).run(benchmarks, config, metric, args.max_new_tokens)
             report["engines"][name] = {key: round(value, 3) for key, value in timing.summary().items()}
             del engine
     report["load_average_1min_after"] = os.getloadavg()[0]

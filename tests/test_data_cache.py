@@ -242,6 +242,7 @@ def test_cache_roundtrip_keeps_every_tensor(tmp_path):
     assert loaded.padded(torch.tensor([1, 0]), 4).tolist() == [[0, 0, 0, 0], [0, 0, -1, -2]]
 
 
+@pytest.mark.vllm
 def test_vllm_prompt_logprobs_agree_with_the_transformers_path(tiny_dir, model, prompts):
     pytest.importorskip("vllm")
     from erpo_lightning.data.vllm_scores import build_vllm_engine

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -13,6 +14,8 @@ from safetensors.torch import load_file, save_file
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.tiny import save_tiny_model
+
+pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
 
 SOURCES = [{"path": str(BENCHMARK_DIR / "minerva_math.jsonl"), "limit": 10}]
 

@@ -27,6 +27,8 @@ from erpo_lightning.evaluation.validate import load_policy_weights
 from erpo_lightning.modules.sharding import export_hf_checkpoint
 from erpo_lightning.tiny import save_tiny_model
 
+pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
+
 SCRIPT = Path(__file__).with_name("scaleout_run.py")
 METRIC_TOLERANCE = dict(abs=2e-6, rel=2e-6)
 RUN_TIMEOUT_S = 120

@@ -26,6 +26,7 @@ from erpo_lightning.evaluation import (
     write_results,
 )
 from erpo_lightning.rollout import Sample
+from erpo_lightning.rollout.sampler import RolloutSampler
 from erpo_lightning.tiny import build_byte_tokenizer
 
 
@@ -157,7 +158,8 @@ def test_runner_batches_by_temperature_and_k_and_grades():
     engine = ScriptedEngine(tokenizer, answers)
     config = SweepConfig(temperatures=[0.2, 1.4], batch_size=4, seed=3, progress=False)
     metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
-    timing = SweepRunner(engine, exact_reward, tokenizer).run(benchmarks, config, metric, max_new_tokens=16)
+    sampler = RolloutSampler(engine, exact_reward, tokenizer=tokenizer)
+    timing = SweepRunner(sampler).run(benchmarks, config, metric, max_new_tokens=16)
 
     # Per temperature: the 6 k=4 problems of two benchmarks share calls (chunks of 4 + 2), k=3 gets one call.
     assert [(size, s.n, s.temperature) for size, s in engine.calls] == [
@@ -214,3 +216,16 @@ def test_reports_hold_every_row_and_a_line_per_benchmark(tmp_path):
     assert paths["csv"].read_text().splitlines()[0].startswith("run,benchmark,temperature,k,pass_k,problems,avg@k")
     figure_path = plot_accuracy(tmp_path / "plot.png", rows)
     assert figure_path.stat().st_size > 10_000
+
+
+def test_evaluation_reaches_the_sampler_through_rollout_never_through_callbacks():
+    import ast
+    from pathlib import Path
+
+    import erpo_lightning.evaluation as evaluation
+
+    for path in Path(evaluation.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(name.startswith("erpo_lightning.callbacks") for name in names), path.name

@@ -5,6 +5,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from erpo_lightning.callbacks import RolloutCallback
+from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.rollout import HFEngine, VLLMEngine
 from erpo_lightning.scoring import sequence_logprobs
 from erpo_lightning.tiny import build_byte_tokenizer, load_tiny_model
@@ -71,7 +72,8 @@ class PolicyModule(pl.LightningModule):
 
 
 def query_loader(golds: list[str], batch_size: int) -> DataLoader:
-    """Batches shaped like QueryDataModule's: query_index, query_id, prompt_ids, answers, query_weight."""
+    """Batches shaped like QueryDataModule's (query_index, query_id, prompt_ids, answers, query_weight), in file order
+    from its query stream (which dynamic-sampling refills draw from)."""
     tokenizer = build_byte_tokenizer()
     items = [
         {
@@ -95,7 +97,7 @@ def query_loader(golds: list[str], batch_size: int) -> DataLoader:
             "query_weight": torch.tensor([r["query_weight"] for r in rows]),
         }
 
-    return DataLoader(items, batch_size=batch_size, collate_fn=collate)
+    return DataLoader(items, batch_sampler=QueryBatchSampler(len(items), batch_size, shuffle=False), collate_fn=collate)
 
 
 def fit(path, engine, loader, steps: int, **callback_kwargs):
@@ -162,10 +164,12 @@ def test_dynamic_sampling_keeps_only_informative_groups(tiny_model_path):
     for batch in module.batches:
         check_rollout_batch(batch, tokenizer, ParityReward())
         assert batch["answers"] == ["parity", "parity"]
+        assert len(set(batch["query_id"])) == 2
         grouped = batch["rewards"].view(-1, GROUP_SIZE)
         assert (grouped != grouped[:, :1]).any(dim=1).all()
     assert trainer.callback_metrics["rollout/refill_rounds"] >= 1
     assert trainer.callback_metrics["rollout/zero_variance_groups"] >= 0.5
+    assert trainer.callback_metrics["rollout/repeated_queries"] == 0  # 16 queries: the stream never ran out
 
 
 def test_overlong_filter_masks_truncated_responses(tiny_model_path):

@@ -38,7 +38,7 @@ def policy(tiny_model_path):
     return load_tiny_model(tiny_model_path)
 
 
-@pytest.fixture(scope="module", params=["hf", "vllm"])
+@pytest.fixture(scope="module", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def engine(request, policy, tokenizer, tiny_model_path):
     """One engine per kind for the whole module (vLLM takes seconds to import and build)."""
     if request.param == "hf":
@@ -157,6 +157,7 @@ def test_weight_sync_moves_engine_to_new_weights(engine, policy, prompts):
     assert engine.generate(prompts, settings) == before
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("engine", ["vllm"], indirect=True)  # HFEngine samples from the policy itself
 def test_vllm_sync_from_fsdp2_sharded_policy(engine, policy, prompts, tiny_model_path, tmp_path):
     # In-process vLLM has already set up a one-process default group; start one only if it has not.
@@ -183,6 +184,7 @@ def test_vllm_sync_from_fsdp2_sharded_policy(engine, policy, prompts, tiny_model
             dist.destroy_process_group()
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("engine", ["vllm"], indirect=True)  # HF generate has no fixed context length
 def test_vllm_rejects_prompt_plus_response_beyond_max_model_len(engine, prompts):
     with pytest.raises(ValueError, match="max_model_len"):

@@ -9,20 +9,20 @@ under `rollout/`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from torch.utils.data import DataLoader
 
+from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.rollout.batch import assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings, eval_mode, pad_token_id, rollout_seed
+from erpo_lightning.rollout.sampler import Reward, RolloutSampler
 from erpo_lightning.scoring import sequence_logprobs
-
-Reward = Callable[[list[str], list[str]], list[float]]
 
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
 _SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -52,8 +52,8 @@ class _Group:
 
     query: dict[str, Any]
     samples: list[Sample]
-    raw_rewards: torch.Tensor  # [G] from the reward function
     rewards: torch.Tensor  # [G] after overlong shaping: what the advantages see
+    correct: torch.Tensor  # [G] bool, raw reward at least the correct threshold
     informative: bool  # rewards not all equal
 
 
@@ -66,7 +66,10 @@ class RolloutCallback(pl.Callback):
         group_size: G, responses per query.
         temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids: sampling settings (see SamplingSettings).
         seed: None = unseeded; else rollout call c on rank r uses `rollout_seed(seed, c, r)` (one stream per rank).
-        dynamic_sampling: DAPO: keep only groups whose (raw) rewards differ, generating more batches until B groups.
+        dynamic_sampling: DAPO: keep only groups whose (raw) rewards differ, generating more batches until B groups;
+            each refill batch is the next unused queries of the training loader's query stream (`QueryBatchSampler`,
+            saved in checkpoints), so a step never generates a query twice unless the epoch runs out (warned, and
+            counted in `rollout/repeated_queries`).
         max_refill_rounds: extra generation rounds allowed per step; past it zero-variance groups fill the batch.
         overlong_filter: mask out the loss of truncated responses (response_mask = 0 on them).
         overlong_buffer: DAPO soft overlong punishment zone in tokens (0 = off).
@@ -78,7 +81,10 @@ class RolloutCallback(pl.Callback):
             ERPOModule logs the same quantity for free as `train/logprob_abs_diff` (from its first forward), so
             this extra check is off by default.
         logprob_check_micro_batch_size: rows per forward of that check.
-        tokenizer: tokenizer path; None = `pl_module.tokenizer` if present, else the policy's `name_or_path`.
+        tokenizer: tokenizer path; None = the policy's `name_or_path`.
+
+    Engine, reward, tokenizer and sampling settings form `self.sampler` (a `RolloutSampler`), through which the
+    temperature sweep samples and grades too.
     """
 
     def __init__(
@@ -117,8 +123,6 @@ class RolloutCallback(pl.Callback):
                 "logprob_check_micro_batch_size": logprob_check_micro_batch_size,
             }
         )
-        self.engine = engine
-        self.reward = reward
         self.settings = SamplingSettings(
             n=group_size,
             temperature=temperature,
@@ -128,48 +132,47 @@ class RolloutCallback(pl.Callback):
             stop=list(stop or []),
             stop_token_ids=list(stop_token_ids or []),
         )
+        self.sampler = RolloutSampler(engine, reward, self.settings, tokenizer, correct_threshold)
         self.seed = seed
         self.dynamic_sampling = dynamic_sampling
         self.max_refill_rounds = max_refill_rounds
         self.overlong_filter = overlong_filter
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty_factor = overlong_penalty_factor
-        self.correct_threshold = correct_threshold
         self.logprob_check_every = logprob_check_every
         self.logprob_check_micro_batch_size = logprob_check_micro_batch_size
-        self.tokenizer_path = tokenizer
-        self.tokenizer: PreTrainedTokenizerBase | None = None
         self._calls = 0  # generation calls so far: the seed stream, saved in checkpoints
         self._rank = 0
         self._steps = 0
         self._synced_version: int | None = None
-        self._refill_iterator: Iterator[dict[str, Any]] | None = None
         self._timing = {"tokens": 0, "seconds": 0.0}
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists)."""
-        policy = pl_module.policy
-        self.tokenizer = None if self.tokenizer_path is not None else getattr(pl_module, "tokenizer", None)
-        if self.tokenizer is None:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path or policy.name_or_path)
-        self.engine.setup(policy, self.tokenizer)
+        self.sampler.setup(pl_module.policy)
         self._synced_version = None
         self._rank = trainer.global_rank
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Refuse dynamic sampling without a query stream to refill from (the loader exists from here on)."""
+        if self.dynamic_sampling:
+            query_stream(trainer.train_dataloader)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: dict[str, Any], batch_idx: int
     ) -> None:
         """Replace the query batch by the rollout batch (in place), syncing engine weights first if needed."""
         metrics: dict[str, float] = {}
-        self.engine.wake_up()
+        engine = self.sampler.engine
+        engine.wake_up()
         if pl_module.policy_version != self._synced_version:
             start = perf_counter()
-            self.engine.sync_weights(pl_module.policy)
+            engine.sync_weights(pl_module.policy)
             metrics["weight_sync_ms"] = 1000 * (perf_counter() - start)
             self._synced_version = pl_module.policy_version
         self._timing = {"tokens": 0, "seconds": 0.0}
         groups, generated, rounds = self._collect_groups(trainer, batch)
-        self.engine.sleep()
+        engine.sleep()
 
         queries = {key: _stack([g.query[key] for g in groups]) for key in groups[0].query}
         rollout = assemble_batch(
@@ -178,7 +181,7 @@ class RolloutCallback(pl.Callback):
             torch.cat([g.rewards for g in groups]),
             queries["query_index"],
             queries["query_weight"],
-            pad_token_id(self.tokenizer),
+            pad_token_id(self.sampler.tokenizer),
         )
         if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
             metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
@@ -189,6 +192,8 @@ class RolloutCallback(pl.Callback):
         metrics.update(self._generation_metrics(generated))
         if self.dynamic_sampling:
             metrics["refill_rounds"] = float(rounds)
+            indices = [int(g.query["query_index"]) for g in generated]
+            metrics["repeated_queries"] = float(len(indices) - len(set(indices)))
         for key, value in {**queries, **rollout}.items():
             batch[key] = value.to(pl_module.device) if isinstance(value, torch.Tensor) else value
         pl_module.log_dict(
@@ -227,40 +232,30 @@ class RolloutCallback(pl.Callback):
         return kept[:wanted], generated, rounds
 
     def _next_refill_batch(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """Next batch of an independent pass over the training dataloader (restarted when exhausted)."""
-        if self._refill_iterator is not None:
-            refill = next(self._refill_iterator, None)
-            if refill is not None:
-                return refill
-        self._refill_iterator = iter(trainer.train_dataloader)
-        return next(self._refill_iterator)
+        """The batch of the next unused training queries, drawn from the loader's query stream (`refill()`)."""
+        loader = trainer.train_dataloader
+        return loader.collate_fn([loader.dataset[i] for i in query_stream(loader).refill()])
 
     def _generate_groups(self, batch: dict[str, Any]) -> list[_Group]:
         """Sample G responses for each query of `batch` and score them."""
         seed = None if self.seed is None else rollout_seed(self.seed, self._calls, self._rank)
         self._calls += 1
         prompts = [list(ids) for ids in batch["prompt_ids"]]
-        group_size = self.settings.n
-        start = perf_counter()
-        samples = self.engine.generate(prompts, replace(self.settings, seed=seed))
-        self._timing["seconds"] += perf_counter() - start
-        flat = [sample for group in samples for sample in group]
-        self._timing["tokens"] += sum(len(s.token_ids) for s in flat)
-
-        texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
-        golds = [answer for answer in batch["answers"] for _ in range(group_size)]
-        raw = torch.tensor(self.reward(texts, golds), dtype=torch.float32)
-        lengths = torch.tensor([len(s.token_ids) for s in flat])
-        shaped = raw + self.overlong_penalty_factor * overlong_penalty(
-            lengths, self.settings.max_new_tokens, self.overlong_buffer
+        graded = self.sampler.sample_and_grade(
+            prompts, list(batch["answers"]), self.settings.n, self.settings.temperature, seed
         )
-        informative = informative_groups(raw, group_size).tolist()
+        self._timing["seconds"] += graded.generate_s
+        lengths = graded.lengths
+        self._timing["tokens"] += int(lengths.sum())
+        penalty = overlong_penalty(lengths.flatten(), self.settings.max_new_tokens, self.overlong_buffer)
+        shaped = graded.rewards + self.overlong_penalty_factor * penalty.view_as(graded.rewards)
+        informative = informative_groups(graded.rewards.flatten(), self.settings.n).tolist()
         return [
             _Group(
                 {key: value[b].cpu() if isinstance(value, torch.Tensor) else value[b] for key, value in batch.items()},
-                samples[b],
-                raw[b * group_size : (b + 1) * group_size],
-                shaped[b * group_size : (b + 1) * group_size],
+                graded.samples[b],
+                shaped[b],
+                graded.correct[b],
                 informative[b],
             )
             for b in range(len(prompts))
@@ -269,20 +264,19 @@ class RolloutCallback(pl.Callback):
     def _generation_metrics(self, generated: list[_Group]) -> dict[str, float]:
         """Reward, accuracy, length and throughput statistics over every response generated this step."""
         rewards = torch.cat([g.rewards for g in generated])
-        raw = torch.cat([g.raw_rewards for g in generated])
         lengths = torch.tensor([float(len(s.token_ids)) for g in generated for s in g.samples])
         truncated = torch.tensor([s.finish_reason == "length" for g in generated for s in g.samples])
         metrics = {
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "accuracy": (raw >= self.correct_threshold).float().mean().item(),
+            "accuracy": torch.cat([g.correct for g in generated]).float().mean().item(),
             "response_length_mean": lengths.mean().item(),
             "response_length_max": lengths.max().item(),
             "truncated_ratio": truncated.float().mean().item(),
             "zero_variance_groups": 1.0 - sum(g.informative for g in generated) / len(generated),
             "tokens_per_s": self._timing["tokens"] / max(self._timing["seconds"], 1e-9),
         }
-        counters = getattr(self.reward, "counters", None)
+        counters = getattr(self.sampler.reward, "counters", None)
         if counters is not None:
             metrics.update({f"grader_{key}": float(value) for key, value in counters().items()})
         return metrics
@@ -308,6 +302,22 @@ class RolloutCallback(pl.Callback):
                 total += (logprobs - rollout["sampling_logprobs"][rows]).abs()[mask].sum().item()
                 count += int(mask.sum())
         return total / max(count, 1)
+
+
+def query_stream(loader: Any) -> QueryBatchSampler:
+    """The query stream of a training DataLoader, which dynamic-sampling refills draw from.
+
+    Raises:
+        TypeError when `loader` is not a DataLoader whose `batch_sampler` is a `QueryBatchSampler`: refills drawn
+            from anything else would repeat or skip the step batches' queries.
+    """
+    sampler = getattr(loader, "batch_sampler", None) if isinstance(loader, DataLoader) else None
+    if not isinstance(sampler, QueryBatchSampler):
+        raise TypeError(
+            "rollout.dynamic_sampling refills from the training query stream: the train DataLoader's batch_sampler "
+            f"must be a QueryBatchSampler (QueryDataModule's), got {type(sampler or loader).__name__}"
+        )
+    return sampler
 
 
 def _stack(values: list[Any]) -> torch.Tensor | list[Any]:

@@ -1,7 +1,7 @@
 """TemperatureSweepCallback: every N training steps, a (small) temperature sweep and the train-vs-eval gap.
 
-It samples with the RolloutCallback's engine (weights synced to the current policy first) and grades with its
-reward. Besides the eval benchmarks it evaluates a fixed random sample of training queries (labelled `train`, left
+It samples and grades with the RolloutCallback's `RolloutSampler` (engine weights synced to the current policy
+first). Besides the eval benchmarks it evaluates a fixed random sample of training queries (labelled `train`, left
 out of the `mean` over benchmarks) and logs `train_eval_gap[/<temperatures>]` = Avg@k on that sample − mean Avg@k
 over the eval benchmarks: a policy that only gets better on the training queries shows a growing gap.
 """
@@ -22,10 +22,11 @@ from erpo_lightning.evaluation.sweep import (
     PreparedBenchmark,
     SweepConfig,
     SweepRunner,
-    find_rollout,
+    find_sampler,
     prepare_benchmarks,
     prompt_settings,
 )
+from erpo_lightning.rollout.sampler import RolloutSampler
 
 TRAIN = "train"
 
@@ -90,18 +91,17 @@ class TemperatureSweepCallback(pl.Callback):
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
         """One sweep of the current policy on every rank's share of the problems; the global metrics."""
-        rollout = find_rollout(trainer)
+        sampler = find_sampler(trainer)
         if self.benchmarks is None:
-            self._prepare(trainer, rollout)
-        engine = rollout.engine
+            self._prepare(trainer, sampler)
+        engine = sampler.engine
         engine.wake_up()
         engine.sync_weights(pl_module.policy)  # every rank: a collective under sharding
         self.metric.to(pl_module.device)
-        runner = SweepRunner.from_rollout(rollout)
-        counters = getattr(rollout.reward, "counters", dict)
+        counters = getattr(sampler.reward, "counters", dict)
         counters()  # what the rollout graded since its last log is not the sweep's
-        max_new_tokens = self.sweep.max_new_tokens or rollout.settings.max_new_tokens
-        timing = runner.run(
+        max_new_tokens = self.sweep.max_new_tokens or sampler.settings.max_new_tokens
+        timing = SweepRunner(sampler).run(
             self.benchmarks, self.sweep, self.metric, max_new_tokens, trainer.global_rank, trainer.world_size
         )
         engine.sleep()
@@ -121,10 +121,10 @@ class TemperatureSweepCallback(pl.Callback):
         self.history.append((trainer.global_step, {name: float(value) for name, value in values.items()}))
         return values
 
-    def _prepare(self, trainer: pl.Trainer, rollout: Any) -> None:
+    def _prepare(self, trainer: pl.Trainer, sampler: RolloutSampler) -> None:
         """Tokenize the benchmarks with the training template and draw the fixed sample of training queries."""
         datamodule = getattr(trainer, "datamodule", None)
-        template, tokenizer, max_prompt_length = prompt_settings(datamodule, self.sweep, rollout.tokenizer)
+        template, tokenizer, max_prompt_length = prompt_settings(datamodule, self.sweep, sampler.tokenizer)
         self.benchmarks = prepare_benchmarks(self.sweep, tokenizer, template, max_prompt_length)
         labels = [b.label for b in self.benchmarks]
         if self.train_sample_size > 0:

@@ -196,7 +196,8 @@ class QueryDataModule(LightningDataModule):
         }
 
     def train_dataloader(self) -> DataLoader:
-        """Batches of `batch_size` queries per rank, resumable mid-epoch (see `QueryBatchSampler`)."""
+        """Batches of `batch_size` queries per rank from the query stream (`QueryBatchSampler`), which
+        dynamic-sampling refills also draw from; resumable mid-epoch."""
         num_queries = len(self.prepare_queries().queries)
         trainer = self.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -213,7 +214,7 @@ class QueryDataModule(LightningDataModule):
         )  # fmt: skip
 
     def state_dict(self) -> dict:
-        """The data position, saved in Lightning checkpoints: epoch and batches of it already trained on."""
+        """The query stream's position, saved in Lightning checkpoints (see `QueryBatchSampler.state_dict`)."""
         if self.batch_sampler is None or self.trainer is None:
             return {}
         # Checkpoints are written in on_train_batch_end: the current batch counts as processed, not yet completed.

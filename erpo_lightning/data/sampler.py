@@ -1,26 +1,40 @@
-"""Batches of query indices that are the same on any number of ranks and resume mid-epoch from a checkpoint."""
+"""The query stream: one resumable order of training queries from which each step's batch and its refills draw."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Sampler
 
 
 class QueryBatchSampler(Sampler[list[int]]):
-    """Yields this rank's share of each global batch of query indices.
+    """Hands out training queries in one stream: this rank's share of each step's batch, and of each refill.
 
     Epoch e visits the queries in the order of one permutation drawn from `seed + e` (or in file order without
-    shuffling). Each global batch holds `batch_size * world_size` queries and rank r takes every W-th of them,
-    starting at r, so a run on W ranks sees exactly the global batches of a run on one rank with a W-times larger
-    batch. The position (`epoch`, `batches_done`) is saved in checkpoints: a resumed run continues with the next
-    unseen batch.
+    shuffling); epochs follow each other in one stream, with a position (`epoch`, `offset` = queries of that epoch
+    already handed out). Iterating (the DataLoader) yields the step batches of one epoch: the next
+    `batch_size * world_size` queries of the stream each time, until the epoch cannot fill one more. `refill()`
+    (dynamic sampling) takes the next global batch of the same stream, so a refill never repeats a query of its step
+    or takes one another step already had; only when it runs past the end of the epoch does it continue with the next
+    epoch's order (warned: a query can then repeat within that step), and that epoch's batches then start after it.
+
+    Rank r takes every W-th query of each global batch, starting at r, so a run on W ranks sees exactly the global
+    batches of a run on one rank with a W-times larger batch; every rank draws the same global batches (refills are
+    decided collectively), so the stream is the same on all ranks and rank 0's checkpoint resumes every rank.
+    The checkpointed state also holds the batches drawn but not yet trained on (a DataLoader with workers draws
+    ahead): a resumed run hands them out first, then continues the stream, as the uninterrupted run does.
 
     Args:
         num_queries: size of the dataset.
         batch_size: queries per rank per step.
-        drop_last: drop the last incomplete global batch (kept when the dataset is smaller than one batch).
+        shuffle: a new permutation each epoch; else file order.
+        seed: the permutations' seed (`seed + epoch`).
+        drop_last: drop the last incomplete global batch of an epoch (kept when the dataset is smaller than one
+            batch); its queries remain for refills.
+        rank, world_size: this process's place among the ranks.
     """
 
     def __init__(
@@ -45,10 +59,16 @@ class QueryBatchSampler(Sampler[list[int]]):
             )
         # Several ranks must all get a full share of every batch, so the ragged last batch goes.
         self.drop_last = (drop_last or world_size > 1) and num_queries >= self.global_batch
-        self.epoch = 0
-        self.batches_done = 0  # batches of `epoch` already trained on (restored from a checkpoint)
+        self.epoch = 0  # the stream's epoch: refills can move it past the DataLoader's
+        self.offset = 0  # queries of `epoch`'s order handed out
+        self._loader_epoch = 0  # the epoch the DataLoader iterates (`set_epoch`)
+        self._pending: list[list[int]] = []  # drawn before a checkpoint, not trained on: handed out first on resume
+        self._drawn: list[list[int]] = []  # global batches yielded in this epoch's iteration, pending ones included
+        self._trained_before = 0  # batches of this epoch trained on before this iteration (a resumed position)
+        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, its order), the one in use
 
     def __len__(self) -> int:
+        """Step batches of one epoch without refills (refills take queries and end the epoch earlier)."""
         full, rest = divmod(self.num_queries, self.global_batch)
         return full if self.drop_last or rest == 0 else full + 1
 
@@ -58,23 +78,92 @@ class QueryBatchSampler(Sampler[list[int]]):
             return torch.arange(self.num_queries)
         return torch.randperm(self.num_queries, generator=torch.Generator().manual_seed(self.seed + epoch))
 
+    @property
+    def sampler(self) -> QueryBatchSampler:
+        """Itself: Lightning calls `set_epoch` on a batch sampler's `sampler` (torch's BatchSampler wraps one), never
+        on the batch sampler; without it every epoch would replay one position of the stream."""
+        return self
+
     def __iter__(self) -> Iterator[list[int]]:
-        order = self.order(self.epoch)
-        start_batch, self.batches_done = self.batches_done, 0  # a resumed position is used once
-        for batch in range(start_batch, len(self)):
-            global_slice = order[batch * self.global_batch : (batch + 1) * self.global_batch]
-            # Strided, not contiguous: the first k queries of each rank's batch are then the first k × W of the
-            # global batch, so mini-batches of `update_batch_size` group the same queries as on one process.
-            share = global_slice[self.rank :: self.world_size]
-            yield share.tolist()
+        """This rank's share of each step batch of the DataLoader's epoch: first those drawn before the checkpoint
+        this run resumed from and not trained on, then the next ones of the stream while it is in this epoch."""
+        pending, self._pending = self._pending, []
+        self._drawn = []
+        for batch in pending:
+            self._drawn.append(batch)
+            yield batch[self.rank :: self.world_size]
+        while self.epoch == self._loader_epoch:
+            left = self.num_queries - self.offset
+            if left == 0 or (left < self.global_batch and self.drop_last):
+                return
+            batch = self._take(min(left, self.global_batch))
+            self._drawn.append(batch)
+            yield batch[self.rank :: self.world_size]
+
+    def refill(self) -> list[int]:
+        """This rank's share of the next global batch of unused queries (dynamic sampling), crossing into the next
+        epoch when this one runs out (warned once per epoch)."""
+        batch: list[int] = []
+        while len(batch) < self.global_batch:
+            if self.offset == self.num_queries:
+                rank_zero_warn(
+                    f"dynamic-sampling refills used up the queries of epoch {self.epoch}: they continue with epoch "
+                    f"{self.epoch + 1}'s order, so a query can repeat within this step (more queries, a smaller "
+                    "data.batch_size or fewer rollout.max_refill_rounds avoid it)"
+                )
+                self.epoch, self.offset = self.epoch + 1, 0
+            batch += self._take(min(self.num_queries - self.offset, self.global_batch - len(batch)))
+        return batch[self.rank :: self.world_size]
+
+    def _take(self, count: int) -> list[int]:
+        """The next `count` queries of the stream's epoch (global indices), advancing the position."""
+        if self._order is None or self._order[0] != self.epoch:
+            self._order = (self.epoch, self.order(self.epoch))
+        taken = self._order[1][self.offset : self.offset + count].tolist()
+        self.offset += count
+        return taken
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:  # a restored position belongs to its own epoch only (end-of-epoch checkpoints)
-            self.batches_done = 0
-        self.epoch = epoch
+        """Start the DataLoader's epoch `epoch`: from the stream's position when refills already entered it (or a
+        checkpoint was taken in it), else from the beginning of its order."""
+        if epoch > self.epoch:
+            self.epoch, self.offset, self._pending = epoch, 0, []
+        if epoch != self._loader_epoch:
+            self._trained_before, self._drawn = 0, []
+        self._loader_epoch = epoch
 
-    def state_dict(self, batches_done: int) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches_done": batches_done}
+    def state_dict(self, batches_done: int) -> dict[str, Any]:
+        """The stream's position, for a checkpoint taken after `batches_done` step batches of this epoch."""
+        # Resumed batches not handed out again yet are still pending.
+        untrained = self._pending + self._drawn[max(batches_done - self._trained_before, 0) :]
+        return {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "loader_epoch": self._loader_epoch,
+            "batches_done": batches_done,
+            "pending": [list(batch) for batch in untrained],
+            "num_queries": self.num_queries,
+            "seed": self.seed,
+        }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.batches_done = state["epoch"], state["batches_done"]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the stream; a state that carries only `epoch` and `batches_done` (no refills) is also accepted.
+
+        Raises:
+            ValueError when the state belongs to another dataset size or seed: its position would name other queries.
+        """
+        if state.get("num_queries", self.num_queries) != self.num_queries:
+            raise ValueError(
+                f"the checkpoint's query stream covers {state['num_queries']} training queries, this run has "
+                f"{self.num_queries}: resume with the data configuration the run started with"
+            )
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(
+                f"the checkpoint's query stream was shuffled with data.seed {state['seed']}, this run's is {self.seed}:"
+                " resume with the data configuration the run started with"
+            )
+        self._trained_before = state["batches_done"]
+        self.epoch = state["epoch"]
+        self._loader_epoch = state.get("loader_epoch", self.epoch)
+        self.offset = state.get("offset", self._trained_before * self.global_batch)
+        self._pending = [list(batch) for batch in state.get("pending", [])]

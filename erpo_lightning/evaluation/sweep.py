@@ -1,7 +1,7 @@
 """The temperature sweep: benchmarks × temperatures × k samples, generated with a rollout engine and graded.
 
-`SweepConfig` is the one settings object of `erpo validate` and of `TemperatureSweepCallback`. `SweepRunner` takes
-the engine, reward and tokenizer of the training run's RolloutCallback and feeds a `SweepMetric`: for each
+`SweepConfig` is the one settings object of `erpo validate` and of `TemperatureSweepCallback`. `SweepRunner` samples
+and grades with the training run's `RolloutSampler` (engine, reward, tokenizer) and feeds a `SweepMetric`: for each
 temperature it sends every problem of every benchmark with the same k through the engine in chunks of
 `batch_size` prompts, so a sweep is a handful of large engine calls and the engine is never rebuilt.
 """
@@ -22,7 +22,8 @@ from erpo_lightning.data.prepare import prepare_queries
 from erpo_lightning.data.sources import DataError, SourceSpec, describe, resolve_spec
 from erpo_lightning.data.templates import PromptTemplate, resolve_template
 from erpo_lightning.evaluation.metrics import SweepMetric
-from erpo_lightning.rollout.engine import RolloutEngine, SamplingSettings, derive_seed
+from erpo_lightning.rollout.engine import derive_seed
+from erpo_lightning.rollout.sampler import GradedGroups, RolloutSampler
 
 DEFAULT_TEMPERATURES = [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5]
 
@@ -160,39 +161,11 @@ class SweepTiming:
 
 
 class SweepRunner:
-    """Generates and grades sweeps with one engine, reward and tokenizer (those of the RolloutCallback).
+    """Generates and grades sweeps with one `RolloutSampler` (the training run's: its engine, reward, tokenizer,
+    stop strings / ids and correctness threshold; the sweep's own top_p, top_k and response cap)."""
 
-    Args:
-        engine: a set-up RolloutEngine holding the weights to evaluate.
-        reward: `(responses, golds) -> rewards`; a sample is correct when its reward is at least `correct_threshold`.
-        tokenizer: decodes responses for the reward.
-        stop, stop_token_ids: extra stop strings / ids, as in training.
-    """
-
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        reward: Any,
-        tokenizer: PreTrainedTokenizerBase,
-        stop: list[str] | None = None,
-        stop_token_ids: list[int] | None = None,
-        correct_threshold: float = 1.0,
-    ) -> None:
-        self.engine = engine
-        self.reward = reward
-        self.tokenizer = tokenizer
-        self.stop = list(stop or [])
-        self.stop_token_ids = list(stop_token_ids or [])
-        self.correct_threshold = correct_threshold
-
-    @classmethod
-    def from_rollout(cls, rollout: Any) -> SweepRunner:
-        """The runner of a RolloutCallback whose engine and tokenizer are set up (after its `on_fit_start`)."""
-        settings = rollout.settings
-        return cls(
-            rollout.engine, rollout.reward, rollout.tokenizer, settings.stop, settings.stop_token_ids,
-            rollout.correct_threshold,
-        )  # fmt: skip
+    def __init__(self, sampler: RolloutSampler) -> None:
+        self.sampler = sampler
 
     def run(
         self,
@@ -209,6 +182,7 @@ class SweepRunner:
         """
         timing = SweepTiming()
         start = perf_counter()
+        sampler = self.sampler.with_settings(top_p=config.top_p, top_k=config.top_k, max_new_tokens=max_new_tokens)
         # Work items (benchmark index, problem index) of this rank, grouped by k: one engine call per chunk.
         by_k: dict[int, list[tuple[int, int]]] = {}
         for b, bench in enumerate(benchmarks):
@@ -223,57 +197,44 @@ class SweepRunner:
             for k, items in by_k.items():
                 for chunk, first in enumerate(range(0, len(items), config.batch_size)):
                     part = items[first : first + config.batch_size]
-                    settings = SamplingSettings(
-                        n=k, temperature=temperature, top_p=config.top_p, top_k=config.top_k,
-                        max_new_tokens=max_new_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
-                        seed=None if config.seed is None else derive_seed(config.seed, t, k, chunk, rank),
-                    )  # fmt: skip
-                    self._evaluate(benchmarks, part, settings, t, metric, timing)
+                    seed = None if config.seed is None else derive_seed(config.seed, t, k, chunk, rank)
+                    graded = sampler.sample_and_grade(
+                        [benchmarks[b].prompt_ids[i] for b, i in part],
+                        [benchmarks[b].answers[i] for b, i in part],
+                        k,
+                        temperature,
+                        seed,
+                    )
+                    _record(graded, part, t, metric, timing)
                     bar.update(len(part))
         bar.close()
         timing.wall_s = perf_counter() - start
         return timing
 
-    def _evaluate(
-        self,
-        benchmarks: list[PreparedBenchmark],
-        items: list[tuple[int, int]],
-        settings: SamplingSettings,
-        temperature_index: int,
-        metric: SweepMetric,
-        timing: SweepTiming,
-    ) -> None:
-        """Generate `settings.n` samples for each (benchmark, problem) item, grade them, update the metric."""
-        start = perf_counter()
-        samples = self.engine.generate([benchmarks[b].prompt_ids[i] for b, i in items], settings)
-        timing.generate_s += perf_counter() - start
-        flat = [sample for group in samples for sample in group]
-        start = perf_counter()
-        texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
-        golds = [benchmarks[b].answers[i] for b, i in items for _ in range(settings.n)]
-        rewards = torch.tensor(self.reward(texts, golds), dtype=torch.float32)
-        timing.grade_s += perf_counter() - start
-        shape = (len(items), settings.n)
-        correct = (rewards >= self.correct_threshold).view(shape)
-        lengths = torch.tensor([len(s.token_ids) for s in flat], dtype=torch.float64).view(shape)
-        truncated = torch.tensor([s.finish_reason == "length" for s in flat]).view(shape)
-        for b in sorted({b for b, _ in items}):
-            rows = torch.tensor([j for j, (item_b, _) in enumerate(items) if item_b == b])
-            metric.update(b, temperature_index, correct[rows], lengths[rows], truncated[rows])
-        timing.problems += len(items)
-        timing.samples += len(flat)
-        timing.tokens += int(lengths.sum())
+
+def _record(
+    graded: GradedGroups, items: list[tuple[int, int]], temperature_index: int, metric: SweepMetric, timing: SweepTiming
+) -> None:
+    """Put the graded samples of the (benchmark, problem) `items` into the metric and the timing."""
+    lengths = graded.lengths.double()
+    for b in sorted({b for b, _ in items}):
+        rows = torch.tensor([j for j, (item_b, _) in enumerate(items) if item_b == b])
+        metric.update(b, temperature_index, graded.correct[rows], lengths[rows], graded.truncated[rows])
+    timing.problems += len(items)
+    timing.samples += lengths.numel()
+    timing.tokens += int(lengths.sum())
+    timing.generate_s += graded.generate_s
+    timing.grade_s += graded.grade_s
 
 
-def find_rollout(trainer: Any) -> Any:
-    """The trainer's RolloutCallback: the sweep samples with its engine and grades with its reward."""
-    # Imported here: erpo_lightning.callbacks may import this module (TemperatureSweepCallback).
-    from erpo_lightning.callbacks.rollout import RolloutCallback
-
+def find_sampler(trainer: Any) -> RolloutSampler:
+    """The RolloutSampler a callback of the trainer holds (the `rollout:` group's): the sweep samples and grades
+    with it, as training does."""
     for callback in trainer.callbacks:
-        if isinstance(callback, RolloutCallback):
-            return callback
-    raise ValueError("a temperature sweep needs a RolloutCallback (the `rollout:` config group: engine and reward)")
+        sampler = getattr(callback, "sampler", None)
+        if isinstance(sampler, RolloutSampler):
+            return sampler
+    raise ValueError("a temperature sweep needs the `rollout:` config group (a RolloutCallback: engine and reward)")
 
 
 def prompt_settings(

@@ -1,7 +1,8 @@
 """`erpo validate`: the temperature sweep of a Hugging Face model directory and/or Lightning checkpoints.
 
-The policy, engine, reward and tokenizer are those of the training config (`model:` and `rollout:`), the prompts use
-the training template (`data:`), so "Base" rows and trained rows are measured the same way.
+The policy is the training config's (`model:`); engine, reward and tokenizer are its `rollout:` group's, sampled and
+graded through that group's `RolloutSampler` (set up here on the policy, no training hooks run); the prompts use the
+training template (`data:`), so "Base" rows and trained rows are measured the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from erpo_lightning.evaluation.metrics import SweepMetric
 from erpo_lightning.evaluation.report import PLOT_PNG, SweepRun, plot_accuracy, print_tables, result_rows, write_results
-from erpo_lightning.evaluation.sweep import SweepConfig, SweepRunner, find_rollout, prepare_benchmarks, prompt_settings
+from erpo_lightning.evaluation.sweep import SweepConfig, SweepRunner, find_sampler, prepare_benchmarks, prompt_settings
 from erpo_lightning.modules.sharding import is_sharded_checkpoint, load_sharded_policy
 
 BASE = "base"
@@ -86,32 +87,32 @@ def run_validate(
     """
     if trainer.world_size > 1:
         raise ValueError("erpo validate runs on one device (trainer.devices: 1); vLLM batches the sweep on it")
-    rollout = find_rollout(trainer)
+    sampler = find_sampler(trainer)
     model.configure_model()
     policy = model.policy.to(trainer.strategy.root_device)
-    rollout.on_fit_start(trainer, model)  # loads the tokenizer and sets the engine up on the policy
-    runner = SweepRunner.from_rollout(rollout)
-    template, tokenizer, max_prompt_length = prompt_settings(datamodule, config, rollout.tokenizer)
+    sampler.setup(policy)  # loads the tokenizer and sets the engine up on the policy
+    runner = SweepRunner(sampler)
+    template, tokenizer, max_prompt_length = prompt_settings(datamodule, config, sampler.tokenizer)
     benchmarks = prepare_benchmarks(config, tokenizer, template, max_prompt_length)
-    max_new_tokens = config.max_new_tokens or rollout.settings.max_new_tokens
-    counters = getattr(rollout.reward, "counters", dict)
+    max_new_tokens = config.max_new_tokens or sampler.settings.max_new_tokens
+    counters = getattr(sampler.reward, "counters", dict)
 
     runs = []
     for label, ckpt_path in run_labels(ckpt_paths, include_base):
         if ckpt_path is not None:
             load_policy_weights(policy, ckpt_path)
-        rollout.engine.wake_up()
-        rollout.engine.sync_weights(policy)
+        sampler.engine.wake_up()
+        sampler.engine.sync_weights(policy)
         metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
         counters()  # drop counts from before this run
         timing = runner.run(benchmarks, config, metric, max_new_tokens)
-        rollout.engine.sleep()
+        sampler.engine.sleep()
         values = {name: value.item() for name, value in metric.compute().items()}
         runs.append(SweepRun(label, model.hparams.model_path, ckpt_path, values, timing.summary(), counters()))
 
     rows = [row for run in runs for row in result_rows(run, benchmarks, config.temperatures)]
     output_dir = Path(config.output_dir or trainer.log_dir or trainer.default_root_dir)
-    grader = grader_settings(rollout.reward)
+    grader = grader_settings(sampler.reward)
     paths = write_results(output_dir, config, runs, rows, grader)
     paths["png"] = plot_accuracy(output_dir / PLOT_PNG, rows)
     # Piped output gets a wide fixed width: the table has a column per temperature.

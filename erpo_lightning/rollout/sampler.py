@@ -1,0 +1,108 @@
+"""One sampler for training and evaluation: prompts → engine → decoded responses → rewards.
+
+`RolloutCallback` draws each step's groups through it, and the temperature sweep (`erpo validate`,
+`TemperatureSweepCallback`) its benchmark samples, so generation, decoding and grading are written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from time import perf_counter
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings
+
+Reward = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass
+class GradedGroups:
+    """n samples for each of B prompts, decoded and graded (prompt-major: sample g of prompt b is `[b][g]`).
+
+    Attributes:
+        samples: [B][n] the engine's samples.
+        texts: [B·n] decoded responses (special tokens skipped), as the reward saw them.
+        rewards: [B, n] float32, the reward function's values.
+        correct: [B, n] bool, reward ≥ the sampler's `correct_threshold`.
+        generate_s, grade_s: seconds spent in the engine, and in decoding plus grading.
+    """
+
+    samples: list[list[Sample]]
+    texts: list[str]
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    generate_s: float
+    grade_s: float
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B, n] int64 response lengths in tokens."""
+        return torch.tensor([[len(s.token_ids) for s in group] for group in self.samples], dtype=torch.long)
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        """[B, n] bool: the response hit `max_new_tokens`."""
+        return torch.tensor([[s.finish_reason == "length" for s in group] for group in self.samples])
+
+
+class RolloutSampler:
+    """An engine, a reward, a tokenizer and sampling settings: `sample_and_grade` turns prompts into graded groups.
+
+    Args:
+        engine: a RolloutEngine (HFEngine, VLLMEngine); `setup` binds it to a policy.
+        reward: `(responses, golds) -> rewards`; an optional `counters()` dict is the grader's tallies.
+        settings: top_p, top_k, max_new_tokens, stop, stop_token_ids of every call (n, temperature and seed are
+            given per call).
+        tokenizer: a tokenizer, or its path; None = the policy's `name_or_path` (at `setup`).
+        correct_threshold: a response is correct when its reward is at least this.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        reward: Reward,
+        settings: SamplingSettings | None = None,
+        tokenizer: PreTrainedTokenizerBase | str | None = None,
+        correct_threshold: float = 1.0,
+    ) -> None:
+        self.engine = engine
+        self.reward = reward
+        self.settings = settings or SamplingSettings()
+        self.tokenizer_path = tokenizer if isinstance(tokenizer, str) else None
+        self.tokenizer: PreTrainedTokenizerBase | None = None if isinstance(tokenizer, str) else tokenizer
+        self.correct_threshold = correct_threshold
+
+    def setup(self, policy: torch.nn.Module) -> None:
+        """Load the tokenizer (once) and set the engine up on `policy`."""
+        if self.tokenizer is None:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path or policy.name_or_path)
+        self.engine.setup(policy, self.tokenizer)
+
+    def with_settings(self, **changes: object) -> RolloutSampler:
+        """A sampler with the same engine, reward and tokenizer and some settings changed (e.g. an eval top_p)."""
+        tokenizer = self.tokenizer or self.tokenizer_path
+        return RolloutSampler(
+            self.engine, self.reward, replace(self.settings, **changes), tokenizer, self.correct_threshold
+        )
+
+    def sample_and_grade(
+        self, prompts: list[list[int]], golds: list[str], n: int, temperature: float, seed: int | None
+    ) -> GradedGroups:
+        """Sample `n` responses to each of the B `prompts` (token ids) at `temperature` and grade them against
+        `golds` (B gold answers); `seed` None = unseeded."""
+        if self.tokenizer is None:
+            raise RuntimeError("RolloutSampler.setup(policy) has not run: no tokenizer to decode responses with")
+        settings = replace(self.settings, n=n, temperature=temperature, seed=seed)
+        start = perf_counter()
+        samples = self.engine.generate(prompts, settings)
+        generated = perf_counter()
+        flat = [sample for group in samples for sample in group]
+        texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
+        rewards = torch.tensor(self.reward(texts, [gold for gold in golds for _ in range(n)]), dtype=torch.float32)
+        rewards = rewards.view(len(prompts), n)
+        return GradedGroups(
+            samples, texts, rewards, rewards >= self.correct_threshold, generated - start, perf_counter() - generated
+        )
