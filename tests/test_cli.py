@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # each test starts the `erpo` command (~10 s of imports)
+
 ERPO = str(Path(sys.executable).with_name("erpo"))
 
 

@@ -5,12 +5,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 OVERLAYS = {"grpo.yaml": "grpo", "grpo_kl.yaml": "grpo_kl", "dapo.yaml": "dapo", "rloo.yaml": "rloo"}
 
 # Parses (without instantiating anything: no model is loaded) each config as `erpo fit --print_config` does.
+
+pytestmark = pytest.mark.slow  # every shipped config through the real CLI in a subprocess
+
 SCRIPT = """
 import contextlib, io, json, sys
 from erpo_lightning.cli import main

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -12,6 +13,9 @@ QUICKSTART = str(CONFIGS / "quickstart.yaml")
 PAPER = str(CONFIGS / "fsdp_qwen2.5_math_7b.yaml")
 
 # Each run is `erpo <subcommand> --print_config ...` in this one process (nothing is instantiated, no model loaded).
+
+pytestmark = pytest.mark.slow  # the real CLI parser in a subprocess
+
 SCRIPT = """
 import contextlib, io, json, sys
 from erpo_lightning.cli import main

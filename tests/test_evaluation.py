@@ -107,6 +107,7 @@ def _distributed_worker(rank, port, cells, results):
     dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_metric_reduces_across_ranks_to_the_single_process_numbers():
     generator = torch.Generator().manual_seed(1)
     cells = {(b, t): _random_cell(generator, 7, n=3) for b in range(2) for t in range(2)}

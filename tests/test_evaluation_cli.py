@@ -31,6 +31,7 @@ def checkpoint(tmp_path, tiny_model_path):
     return path
 
 
+@pytest.mark.slow
 def test_validate_writes_table_files_and_plot(tmp_path, tiny_model_path, benchmarks_dir, checkpoint):
     out = tmp_path / "sweep"
     config = {

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 # 100 pairs; every 4th needs the symbolic step (a worker), every 3rd is wrong. Printed: number correct, workers used.
@@ -46,11 +48,13 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_script_without_main_guard_grades_100_pairs(tmp_path):
     script = tmp_path / "grade.py"
     script.write_text(GRADE_100)
     assert _run([str(script)], tmp_path) == f"{EXPECTED_CORRECT} 25 True"
 
 
+@pytest.mark.slow
 def test_python_c_grades_100_pairs(tmp_path):
     assert _run(["-c", GRADE_100], tmp_path) == f"{EXPECTED_CORRECT} 25 True"

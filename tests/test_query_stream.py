@@ -96,6 +96,7 @@ def test_refills_take_the_next_unused_queries_and_resume_identically(tiny_model_
     assert resumed == full[3:]  # same refills, same trained queries, same sampled responses
 
 
+@pytest.mark.slow
 def test_each_epoch_reshuffles_and_a_resume_across_epochs_continues_identically(
     tiny_model_path, benchmarks_dir, tmp_path
 ):

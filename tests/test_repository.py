@@ -89,6 +89,7 @@ def test_every_packaged_benchmark_reads_offline_by_name_with_its_documented_row_
         load_queries({"name": "math500", "split": "train"})
 
 
+@pytest.mark.slow
 def test_a_hub_only_name_offline_says_how_to_use_a_local_file():
     assert not (BENCHMARK_DIR / "aime25.jsonl").exists()
     script = (

@@ -41,6 +41,7 @@ def _agreement(reward: MathReward) -> tuple[int, int, list[str]]:
 
 # The lenient preset agrees on 3 more cases: peer projects that accept rounded decimals for exact values
 # (tag "convention:lenient_numeric_approximation"); strict refuses them on purpose (docs/rewards.md).
+@pytest.mark.slow
 def test_peer_cases_agreement_strict(reward):
     total, plain, plain_false_positives = _agreement(reward)
     print(f"strict: peer cases {total}/361, plain {plain}/216")
@@ -49,6 +50,7 @@ def test_peer_cases_agreement_strict(reward):
     assert reward.counters()["timeouts"] == 0
 
 
+@pytest.mark.slow
 def test_peer_cases_agreement_lenient():
     with MathReward(timeout_s=5.0, num_workers=2, preset="lenient") as lenient:
         total, plain, plain_false_positives = _agreement(lenient)

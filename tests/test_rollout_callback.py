@@ -1,6 +1,7 @@
 """RolloutCallback inside a real Trainer.fit on the tiny model, with Hugging Face generate and with real vLLM."""
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -183,6 +184,7 @@ def test_overlong_filter_masks_truncated_responses(tiny_model_path):
     assert ((raw == 0.0) | (raw == 1.0)).all()
 
 
+@pytest.mark.vllm
 def test_fit_with_vllm_engine_syncs_weights_every_step(tiny_model_path):
     engine = VLLMEngine(dtype="float32", max_model_len=128, enforce_eager=True, kv_cache_memory_bytes=32 * 2**20)
     threads = torch.get_num_threads()

@@ -99,6 +99,7 @@ def test_training_sequences_are_the_rendered_prompt_then_solution_and_eos():
     assert padded.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
+@pytest.mark.slow
 def test_short_pretraining_lowers_the_loss_and_is_repeatable():
     tokenizer = build_byte_tokenizer()
     rows = make_problems(400, seed=0)
