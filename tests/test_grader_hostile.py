@@ -12,6 +12,7 @@ import random
 import time
 
 import pytest
+from grading import grade_one_by_one
 
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rewards.math_reward import MAX_DEPTH, MAX_RESPONSE_CHARS
@@ -62,14 +63,7 @@ def reward():
 
 def _feed(reward: MathReward, responses: list[str]) -> None:
     reward.counters()  # reading resets them: what an earlier test graded with the shared pool is not counted here
-    slowest = 0.0
-    for response in responses:
-        start = time.monotonic()
-        scores = reward([response], ["5"])
-        elapsed = time.monotonic() - start
-        slowest = max(slowest, elapsed)
-        assert scores in ([0.0], [1.0])
-        assert elapsed <= TIMEOUT_S + 1.0, (elapsed, response[:200])
+    slowest = grade_one_by_one(reward, responses, "5", TIMEOUT_S + 1.0)
     counters = reward.counters()
     assert counters["items"] == len(responses)
     assert counters["too_long"] > 0 and counters["too_deep"] > 0

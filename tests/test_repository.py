@@ -65,7 +65,7 @@ def test_no_code_reads_a_path_outside_the_repository():
 
 def test_the_path_scan_would_catch_an_escape(tmp_path):
     escape = REPO / "tests" / "x.py"  # not written: the scan works on the parsed text
-    tree = ast.parse('DATA = Path(__file__).resolve().parents[2] / "shared" / "data"\nA = Path(__file__).parent\n')
+    tree = ast.parse('DATA = Path(__file__).resolve().parents[2] / "beside_the_clone"\nA = Path(__file__).parent\n')
     folders = [folder for _, folder in _anchored_paths(tree, escape)]
     assert sorted(folders) == [REPO.parent, REPO / "tests"]
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
+from grading import grade_one_by_one
 
 from erpo_lightning.rewards import MathReward
 
@@ -89,14 +89,7 @@ def test_hostile_inputs_are_bounded_and_execute_nothing(reward, tmp_path):
     marker = tmp_path / "pwned"
     responses = hostile_responses(marker)
     assert len(responses) >= 200
-    slowest = 0.0
-    for response in responses:
-        start = time.monotonic()
-        scores = reward([response], ["5"])
-        elapsed = time.monotonic() - start
-        slowest = max(slowest, elapsed)
-        assert scores in ([0.0], [1.0])
-        assert elapsed <= TIMEOUT_S + 1.0, response[:200]
+    slowest = grade_one_by_one(reward, responses, "5", TIMEOUT_S + 1.0)
     assert not marker.exists()
     counters = reward.counters()
     assert counters["items"] == len(responses)
