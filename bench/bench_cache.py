@@ -5,13 +5,14 @@
 
 Prints one JSON object. Methods, all over the same queries (query tokens = real prompt tokens):
   bare_forward      `model(input_ids)` under no_grad on the cache's own length-sorted batches: the floor.
-  cache             `compute_reference_scores` (the same batches + log-softmax gather, per-query split, chunk files
+  cache             `compute_reference_logprobs` (the same batches + log-softmax gather, per-query split, chunk files
                     written for resumability, progress bar): what `erpo cache` spends after loading the model.
   naive_forward     `model(input_ids)` on batches in file order of the same row count (what sorting saves).
   end_to_end        `QueryDataModule.build_or_load_cache(force=True)`: hashing weights, loading the model,
                     computing and writing the cache.
-  paired            the same comparison batch by batch: each batch runs bare, cache scoring (`score_batch`), cache
-                    scoring, bare (ABBA), so that load changes on a shared machine hit both sides alike.
+  paired            the same comparison batch by batch: each batch runs bare, cache log-probs
+                    (`batch_query_logprobs`), cache log-probs, bare (ABBA), so that load changes on a shared
+                    machine hit both sides alike.
 ratio_cache_vs_bare_forward = cache tokens/s ÷ bare_forward tokens/s over whole passes (goal ≥ 0.9);
 ratio_paired = the same from the paired timings (the steadier number on a busy CPU).
 """
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from erpo_lightning.data import QueryDataModule, compute_reference_scores, load_reference_model
-from erpo_lightning.data.compute import plan_batches, plan_chunks, right_padded, score_batch
+from erpo_lightning.data import QueryDataModule, compute_reference_logprobs, load_reference_model
+from erpo_lightning.data.reference_logprobs import batch_query_logprobs, plan_batches, plan_chunks, right_padded
 from erpo_lightning.data.sources import BENCHMARK_DIR
-from erpo_lightning.tiny import save_tiny_model
+from erpo_lightning.tiny_qwen2 import save_tiny_model
 
 
 def synchronize(device: torch.device) -> None:
@@ -63,7 +64,7 @@ def paired(model, prompts, batches, device: torch.device) -> dict[str, float]:
     totals = {"bare_forward": 0.0, "cache_scoring": 0.0}
     runs = {
         "bare_forward": lambda batch: bare_forward(model, prompts, [batch]),
-        "cache_scoring": lambda batch: score_batch(model, [prompts[i] for i in batch]),
+        "cache_scoring": lambda batch: batch_query_logprobs(model, [prompts[i] for i in batch]),
     }
     for batch in batches:
         for name in ("bare_forward", "cache_scoring", "cache_scoring", "bare_forward"):
@@ -127,7 +128,7 @@ def main() -> None:
 
     def cache_run():
         chunk_dir = Path(tempfile.mkdtemp(dir=chunk_root))
-        compute_reference_scores(model, prompts, chunk_dir=chunk_dir, settings=settings, progress=True)
+        compute_reference_logprobs(model, prompts, chunk_dir=chunk_dir, settings=settings, progress=True)
 
     methods = {
         "bare_forward": lambda: bare_forward(model, prompts, sorted_batches),

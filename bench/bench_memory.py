@@ -1,5 +1,5 @@
 """Peak memory and time of one optimizer step on a 152,064-token vocabulary: the float32 log-prob path before the
-chunked one (`old`, re-stated below) vs `erpo_lightning.scoring` today; prints JSON.
+chunked one (`old`, re-stated below) vs `erpo_lightning.logprobs` today; prints JSON.
 
 The model is a Qwen2 with a small body (1 layer, hidden 64) and Qwen2.5's vocabulary size, so the [N, L, V] logits
 dominate memory as they do in real training. One step = the trainer's micro-batch loss (prompt log-probs at T = 1,
@@ -8,9 +8,9 @@ Paths, each in its own subprocess (interleaved over `--rounds`, order reversed e
 
 - `old`: `prompt_response_token_logprobs` and `token_entropy` as they were before the chunked path (float32 copies
   of the logits, the scaled one kept by `logsumexp` for backward; the entropy by whole rows), re-stated below;
-- `new`: `scoring.prompt_response_token_logprobs` (chunked autograd function) and `scoring.token_entropy` (chunked
+- `new`: `logprobs.prompt_response_token_logprobs` (chunked autograd function) and `logprobs.token_entropy` (chunked
   by positions), called as the trainer calls them today;
-- `fused`: `scoring.prompt_response_logprobs_and_entropy`, the entropy from the same pass.
+- `fused`: `logprobs.prompt_response_logprobs_and_entropy`, the entropy from the same pass.
 
 Peak memory of a step is, on CPU, the rise of the process's resident-set high-water mark over the step (reset
 through /proc/self/clear_refs just before it), on CUDA `max_memory_allocated` over the step. Each subprocess does one
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from erpo_lightning.scoring import (
+from erpo_lightning.logprobs import (
     causal_lm_logits,
     prompt_response_logprobs_and_entropy,
     prompt_response_token_logprobs,

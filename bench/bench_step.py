@@ -85,9 +85,9 @@ def worker(args) -> dict:
     """One algorithm: warm-up step, then `--steps` timed steps; returns times and peak memory."""
     import lightning as L
 
-    from erpo_lightning.data.cache import ReferenceScoreCache
+    from erpo_lightning.data.cache import ReferenceLogprobCache
+    from erpo_lightning.logprobs import sequence_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
-    from erpo_lightning.scoring import sequence_logprobs
 
     torch.set_num_threads(args.threads)
     model_path = Path(args.workdir) / "model"
@@ -102,7 +102,7 @@ def worker(args) -> dict:
         masks = batch["attention_mask"][:: args.group_size, : args.prompt_len]
         module.policy.to(device)
         scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
-    module.reference_cache = ReferenceScoreCache.from_rows(
+    module.reference_cache = ReferenceLogprobCache.from_rows(
         [s[m.bool()] for s, m in zip(scored, masks, strict=True)]
     ).to(device)
 

@@ -58,7 +58,7 @@ SIZES = {
 
 
 def build_model(size: str, path: Path) -> None:
-    from erpo_lightning.tiny import save_tiny_model
+    from erpo_lightning.tiny_qwen2 import save_tiny_model
 
     save_tiny_model(path, seed=0, max_positions=4096, **SIZES[size])
 
@@ -93,10 +93,10 @@ def run_ours(args, algorithm: str) -> dict:
 
     from erpo_lightning import objectives as obj
     from erpo_lightning.callbacks.rollout import RolloutCallback
-    from erpo_lightning.data.cache import ReferenceScoreCache
+    from erpo_lightning.data.cache import ReferenceLogprobCache
+    from erpo_lightning.logprobs import sequence_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
     from erpo_lightning.rollout import HFEngine
-    from erpo_lightning.scoring import sequence_logprobs
 
     model_path = model_dir(args)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -109,7 +109,7 @@ def run_ours(args, algorithm: str) -> dict:
     module.configure_model()
     with torch.no_grad():  # what `erpo cache` does once before training: the initial model's query scores
         rows = [sequence_logprobs(module.policy, torch.tensor([ids]), torch.ones(1, len(ids)))[0] for ids in prompt_ids]
-    module.reference_cache = ReferenceScoreCache.from_rows(rows)
+    module.reference_cache = ReferenceLogprobCache.from_rows(rows)
     weights = obj.query_weights(module.reference_cache.nll, module.reference_cache.nll.mean())
     batches = [
         {

@@ -377,12 +377,6 @@ def split_prompt_response(
     )
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` over positions where `mask` is 1 (0 when the mask is empty)."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
 @dataclass(frozen=True)
 class LossSettings:
     """The knobs of `rl_loss` (the loss side of an algorithm; `algorithms.Algorithm` extends it with presets).

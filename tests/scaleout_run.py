@@ -24,10 +24,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from erpo_lightning.data.cache import ReferenceScoreCache
+from erpo_lightning.data.cache import ReferenceLogprobCache
+from erpo_lightning.logprobs import gather_token_logprobs, sequence_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.scoring import gather_token_logprobs, sequence_logprobs
-from erpo_lightning.tiny import load_tiny_model
+from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 PAD = 256
 TEMPERATURE = 0.8
@@ -91,7 +91,7 @@ def global_batches(model: torch.nn.Module) -> list[dict]:
     return batches
 
 
-def reference_cache(model: torch.nn.Module, batches: list[dict]) -> ReferenceScoreCache:
+def reference_cache(model: torch.nn.Module, batches: list[dict]) -> ReferenceLogprobCache:
     """Reference query scores of every batch's queries, shifted so that Query-KL is not zero at the first step."""
     rows = []
     with torch.no_grad():
@@ -100,7 +100,7 @@ def reference_cache(model: torch.nn.Module, batches: list[dict]) -> ReferenceSco
                 width = batch["prompt_length"]
                 prompt = batch["input_ids"][row, :width][batch["attention_mask"][row, :width].bool()].unsqueeze(0)
                 rows.append(gather_token_logprobs(model(prompt).logits, prompt)[0] + 0.05 * (row + 1))
-    return ReferenceScoreCache.from_rows(rows)
+    return ReferenceLogprobCache.from_rows(rows)
 
 
 def rank_shard(batch: dict) -> dict:

@@ -10,24 +10,24 @@ import torch
 
 from erpo_lightning.data import (
     CacheMismatchError,
+    LogprobBatching,
     QueryDataModule,
-    ReferenceScoreCache,
-    ScoreSettings,
+    ReferenceLogprobCache,
     assemble,
-    compute_reference_scores,
-    score_shard,
+    compute_logprob_shard,
+    compute_reference_logprobs,
 )
-from erpo_lightning.data.compute import plan_batches, plan_chunks
+from erpo_lightning.data.reference_logprobs import plan_batches, plan_chunks
 from erpo_lightning.data.sources import BENCHMARK_DIR
+from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.objectives import batch_query_weights, query_weights, split_prompt_response
-from erpo_lightning.scoring import sequence_logprobs
-from erpo_lightning.tiny import load_tiny_model, save_tiny_model
+from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 SOURCES = [
     {"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 12},
     {"path": str(BENCHMARK_DIR / "math500.jsonl"), "limit": 12},
 ]
-SMALL_BATCHES = ScoreSettings(max_tokens=2048, max_batch_size=4, chunk_size=5)
+SMALL_BATCHES = LogprobBatching(max_tokens=2048, max_batch_size=4, chunk_size=5)
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +76,7 @@ def test_batches_are_length_sorted_and_within_budget(prompts):
 
 
 def test_cache_equals_a_direct_forward(model, prompts):
-    cache = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
+    cache = compute_reference_logprobs(model, prompts, settings=SMALL_BATCHES, progress=False)
     assert len(cache) == len(prompts) == 24
     for q, ids in enumerate(prompts):
         expected = direct_logprobs(model, ids)
@@ -88,7 +88,7 @@ def test_cache_equals_a_direct_forward(model, prompts):
 
 
 def test_padded_lines_up_with_the_trainers_left_padded_prompts(model, prompts):
-    cache = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
+    cache = compute_reference_logprobs(model, prompts, settings=SMALL_BATCHES, progress=False)
     index = torch.tensor([3, 17, 0, 11])
     width = max(len(prompts[i]) for i in index) + 2
     input_ids = torch.zeros(len(index), width, dtype=torch.long)
@@ -108,15 +108,15 @@ def test_padded_lines_up_with_the_trainers_left_padded_prompts(model, prompts):
 
 
 def test_two_ranks_merged_equal_one_rank(model, prompts):
-    single = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
-    shards = [score_shard(model, prompts, rank, 2, settings=SMALL_BATCHES, progress=False) for rank in (0, 1)]
+    single = compute_reference_logprobs(model, prompts, settings=SMALL_BATCHES, progress=False)
+    shards = [compute_logprob_shard(model, prompts, rank, 2, settings=SMALL_BATCHES, progress=False) for rank in (0, 1)]
     assert 0 < shards[0]["query_index"].numel() < len(prompts)
     merged = assemble(shards, len(prompts))
     for name in ("logprobs", "offsets", "nll", "num_tokens"):
         assert torch.equal(getattr(merged, name), getattr(single, name)), name
 
     # The same through the gather hook, as rank 0 of 2 sees it.
-    as_rank0 = compute_reference_scores(
+    as_rank0 = compute_reference_logprobs(
         model, prompts, 0, 2, gather=lambda own: [own, shards[1]], settings=SMALL_BATCHES, progress=False
     )
     assert torch.equal(as_rank0.logprobs, single.logprobs)
@@ -139,18 +139,20 @@ class Interrupting(torch.nn.Module):
 
 
 def test_interrupted_then_resumed_equals_uninterrupted(model, prompts, tmp_path):
-    uninterrupted = compute_reference_scores(model, prompts, settings=SMALL_BATCHES, progress=False)
+    uninterrupted = compute_reference_logprobs(model, prompts, settings=SMALL_BATCHES, progress=False)
     lengths = [len(ids) for ids in prompts]
     batches_per_chunk = [len(plan_batches(c, lengths, SMALL_BATCHES)) for c in plan_chunks(lengths, 5)]
     assert len(batches_per_chunk) == 5
 
     first_run = Interrupting(model, fail_at=sum(batches_per_chunk[:2]) + 1)  # dies in the first batch of chunk 3
     with pytest.raises(KeyboardInterrupt):
-        compute_reference_scores(first_run, prompts, chunk_dir=tmp_path, settings=SMALL_BATCHES, progress=False)
+        compute_reference_logprobs(first_run, prompts, chunk_dir=tmp_path, settings=SMALL_BATCHES, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chunk_000000.safetensors", "chunk_000001.safetensors"]
 
     second_run = Interrupting(model)
-    resumed = compute_reference_scores(second_run, prompts, chunk_dir=tmp_path, settings=SMALL_BATCHES, progress=False)
+    resumed = compute_reference_logprobs(
+        second_run, prompts, chunk_dir=tmp_path, settings=SMALL_BATCHES, progress=False
+    )
     assert second_run.calls == sum(batches_per_chunk[2:])  # finished chunks were read back, not recomputed
     for name in ("logprobs", "offsets", "nll", "num_tokens"):
         assert torch.equal(getattr(resumed, name), getattr(uninterrupted, name)), name
@@ -233,11 +235,11 @@ def test_training_batches_carry_ids_prompts_answers_and_weights(tiny_dir, tmp_pa
 
 def test_cache_roundtrip_keeps_every_tensor(tmp_path):
     rows = [torch.tensor([9.0, -1.0, -2.0]), torch.tensor([5.0]), torch.tensor([0.0, -0.5])]
-    cache = ReferenceScoreCache.from_rows(rows)
+    cache = ReferenceLogprobCache.from_rows(rows)
     assert cache.logprobs.tolist() == [0.0, -1.0, -2.0, 0.0, 0.0, -0.5]
     assert cache.nll.tolist() == [3.0, 0.0, 0.5] and cache.num_tokens.tolist() == [2, 0, 1]
     cache.save(tmp_path / "c.safetensors")
-    loaded = ReferenceScoreCache.load(tmp_path / "c.safetensors")
+    loaded = ReferenceLogprobCache.load(tmp_path / "c.safetensors")
     assert all(torch.equal(getattr(loaded, n), getattr(cache, n)) for n in ("logprobs", "offsets", "nll", "num_tokens"))
     assert loaded.padded(torch.tensor([1, 0]), 4).tolist() == [[0, 0, 0, 0], [0, 0, -1, -2]]
 
@@ -245,14 +247,14 @@ def test_cache_roundtrip_keeps_every_tensor(tmp_path):
 @pytest.mark.vllm
 def test_vllm_prompt_logprobs_agree_with_the_transformers_path(tiny_dir, model, prompts):
     pytest.importorskip("vllm")
-    from erpo_lightning.data.vllm_scores import build_vllm_engine
+    from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
 
     subset = prompts[:6]
     threads = torch.get_num_threads()
     llm = build_vllm_engine(str(tiny_dir), max_model_len=1024)
     assert torch.get_num_threads() == threads
-    from_vllm = compute_reference_scores(llm, subset, settings=SMALL_BATCHES, progress=False)
-    from_transformers = compute_reference_scores(model, subset, settings=SMALL_BATCHES, progress=False)
+    from_vllm = compute_reference_logprobs(llm, subset, settings=SMALL_BATCHES, progress=False)
+    from_transformers = compute_reference_logprobs(model, subset, settings=SMALL_BATCHES, progress=False)
     assert torch.equal(from_vllm.offsets, from_transformers.offsets)
     torch.testing.assert_close(from_vllm.logprobs, from_transformers.logprobs, atol=1e-5, rtol=0)
     torch.testing.assert_close(from_vllm.nll, from_transformers.nll, atol=1e-3, rtol=0)

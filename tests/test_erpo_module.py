@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.logprobs import gather_token_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.optim import NonFiniteLossError
-from erpo_lightning.scoring import gather_token_logprobs
 
 PAD = 256
 TEMPERATURE = 0.8

@@ -27,7 +27,7 @@ from erpo_lightning.evaluation import (
 )
 from erpo_lightning.rollout import Sample
 from erpo_lightning.rollout.sampler import RolloutSampler
-from erpo_lightning.tiny import build_byte_tokenizer
+from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
 
 
 @pytest.mark.parametrize("n", range(1, 7))

@@ -15,7 +15,7 @@ from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.evaluation import Benchmark, SweepConfig
 from erpo_lightning.rollout import HFEngine
-from erpo_lightning.tiny import load_tiny_model
+from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 TEMPERATURES = [0.4, 1.2]
 

@@ -15,16 +15,16 @@ from safetensors.torch import save_file
 from erpo_lightning.data import (
     CacheCorruptError,
     DataError,
+    LogprobBatching,
     QueryDataModule,
-    ReferenceScoreCache,
-    ScoreSettings,
+    ReferenceLogprobCache,
     build_or_load_cache,
-    compute_reference_scores,
+    compute_reference_logprobs,
     load_queries,
 )
 from erpo_lightning.data.cache import MANIFEST_FILE, SCORES_FILE
 from erpo_lightning.data.sources import BENCHMARK_DIR
-from erpo_lightning.tiny import load_tiny_model, save_tiny_model
+from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 REBUILD = "erpo cache --config <your config> --force true"
 SOURCES = [{"path": str(BENCHMARK_DIR / "aime24.jsonl"), "limit": 6}]
@@ -136,11 +136,11 @@ def built(tiny_model_path, tmp_path) -> tuple[Path, QueryDataModule]:
     return tmp_path / "cache", datamodule
 
 
-def same_scores(a: ReferenceScoreCache, b: ReferenceScoreCache) -> bool:
+def same_scores(a: ReferenceLogprobCache, b: ReferenceLogprobCache) -> bool:
     return all(torch.equal(getattr(a, name), getattr(b, name)) for name in ("logprobs", "offsets", "nll", "num_tokens"))
 
 
-def refused_then_rebuilt(model_path: Path, directory: Path, expected: ReferenceScoreCache, reason: str) -> None:
+def refused_then_rebuilt(model_path: Path, directory: Path, expected: ReferenceLogprobCache, reason: str) -> None:
     """`fit` (setup) refuses the damaged cache naming the file and the rebuild command; `erpo cache` rebuilds it."""
     with pytest.raises(CacheCorruptError) as error:
         make_datamodule(model_path, directory).setup("fit")
@@ -178,7 +178,7 @@ def test_a_scores_file_without_a_fingerprint_is_recomputed_by_fit(tiny_model_pat
 
 def test_a_scores_file_with_too_few_rows_is_refused_before_training(tiny_model_path, built):
     directory, scores = built[0], built[1].cache
-    short = ReferenceScoreCache.from_rows([scores.row(q) for q in range(3)])
+    short = ReferenceLogprobCache.from_rows([scores.row(q) for q in range(3)])
     short.save(directory / SCORES_FILE, {"fingerprint": built[1].cache_digest})  # the right fingerprint, 3 rows
     reason = f"it holds scores of 3 queries, this run has {len(scores)}"
     refused_then_rebuilt(tiny_model_path, directory, scores, reason)
@@ -225,9 +225,9 @@ def test_a_damaged_partial_chunk_is_recomputed_not_fatal(tiny_model_path, tmp_pa
     """An interrupted `erpo cache` resumes from its finished chunks; one that was damaged since is scored again."""
     prompts = make_datamodule(tiny_model_path, tmp_path / "unused").prepare_queries().prompt_ids
     model = load_tiny_model(tiny_model_path)
-    settings = ScoreSettings(max_tokens=4096, max_batch_size=2, chunk_size=2)
-    first = compute_reference_scores(model, prompts, chunk_dir=tmp_path / "chunks", settings=settings, progress=False)
+    settings = LogprobBatching(max_tokens=4096, max_batch_size=2, chunk_size=2)
+    first = compute_reference_logprobs(model, prompts, chunk_dir=tmp_path / "chunks", settings=settings, progress=False)
     chunk = tmp_path / "chunks" / "chunk_000001.safetensors"
     chunk.write_bytes(chunk.read_bytes()[:100])
-    again = compute_reference_scores(model, prompts, chunk_dir=tmp_path / "chunks", settings=settings, progress=False)
+    again = compute_reference_logprobs(model, prompts, chunk_dir=tmp_path / "chunks", settings=settings, progress=False)
     assert same_scores(again, first) and chunk.stat().st_size > 100  # scored and written again

@@ -12,7 +12,7 @@ from erpo_lightning.data import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
-from erpo_lightning.tiny import load_tiny_model
+from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 NUM_QUERIES = 40
 STEPS = 6

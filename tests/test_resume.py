@@ -11,7 +11,7 @@ from erpo_lightning.cli import ERPOTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
-from erpo_lightning.tiny import load_tiny_model
+from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 LOGGED = ("train/loss", "train/query_kl", "train/pg_loss", "rollout/reward_mean", "rollout/response_length_mean")
 

@@ -7,9 +7,9 @@ from torch.utils.data import DataLoader
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.data.sampler import QueryBatchSampler
+from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.rollout import HFEngine, VLLMEngine
-from erpo_lightning.scoring import sequence_logprobs
-from erpo_lightning.tiny import build_byte_tokenizer, load_tiny_model
+from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
 
 TEMPERATURE = 0.8
 GROUP_SIZE = 4

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from erpo_lightning.data.templates import render_prompt, tokenize_prompts
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rollout.engine import left_pad
-from erpo_lightning.tiny import build_byte_tokenizer
+from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
 from erpo_lightning.toy import (
     MAX_NEW_TOKENS,
     SHIPPED_DIR,

@@ -19,10 +19,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from erpo_lightning.data.sampler import QueryBatchSampler
+from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.batch import assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings, eval_mode, pad_token_id, rollout_seed
-from erpo_lightning.rollout.sampler import Reward, RolloutSampler
-from erpo_lightning.scoring import sequence_logprobs
+from erpo_lightning.rollout.sampler import RolloutSampler
 
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
 _SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (

@@ -17,14 +17,22 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from erpo_lightning.evaluation.metrics import MEAN, SweepMetric, metric_name, temperature_groups, temperature_label
 from erpo_lightning.evaluation.sweep import (
     PreparedBenchmark,
     SweepConfig,
     SweepRunner,
+    declare_sweep_context,
     find_sampler,
     prepare_benchmarks,
     prompt_settings,
+    response_cap,
+)
+from erpo_lightning.evaluation.sweep_metrics import (
+    MEAN,
+    SweepMetric,
+    metric_name,
+    temperature_groups,
+    temperature_label,
 )
 from erpo_lightning.rollout.sampler import RolloutSampler
 
@@ -68,6 +76,11 @@ class TemperatureSweepCallback(pl.Callback):
         self.metric: SweepMetric | None = None
         self._batches = 0
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Declare the sweep's longest sequence to the engine: `setup` runs before any callback's `on_fit_start`,
+        where the RolloutCallback builds the engine."""
+        declare_sweep_context(find_sampler(trainer), getattr(trainer, "datamodule", None), self.sweep)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run_at_start and trainer.global_step == 0:
             log_outside_step(trainer, self.evaluate(trainer, pl_module))
@@ -100,7 +113,7 @@ class TemperatureSweepCallback(pl.Callback):
         self.metric.to(pl_module.device)
         counters = getattr(sampler.reward, "counters", dict)
         counters()  # what the rollout graded since its last log is not the sweep's
-        max_new_tokens = self.sweep.max_new_tokens or sampler.settings.max_new_tokens
+        max_new_tokens = response_cap(self.sweep, sampler)
         timing = SweepRunner(sampler).run(
             self.benchmarks, self.sweep, self.metric, max_new_tokens, trainer.global_rank, trainer.world_size
         )

@@ -9,8 +9,7 @@ A training batch (what `QueryDataModule.train_dataloader` yields) is a dict:
     ref_query_nll FloatTensor [B]   -ℓθ0(q), the summed reference NLL of the query's scored tokens (nats)
 """
 
-from erpo_lightning.data.cache import CacheCorruptError, ReferenceScoreCache
-from erpo_lightning.data.compute import ScoreSettings, assemble, compute_reference_scores, score_shard
+from erpo_lightning.data.cache import CacheCorruptError, ReferenceLogprobCache
 from erpo_lightning.data.datamodule import (
     QueryDataModule,
     build_or_load_cache,
@@ -19,6 +18,12 @@ from erpo_lightning.data.datamodule import (
 )
 from erpo_lightning.data.fingerprint import CacheMismatchError
 from erpo_lightning.data.prepare import PreparedQueries, prepare_queries
+from erpo_lightning.data.reference_logprobs import (
+    LogprobBatching,
+    assemble,
+    compute_logprob_shard,
+    compute_reference_logprobs,
+)
 from erpo_lightning.data.sources import REGISTRY, DataError, Query, SourceSpec, load_queries
 from erpo_lightning.data.templates import PRESETS, PromptTemplate, render_prompt, resolve_template, tokenize_prompts
 
@@ -32,18 +37,18 @@ __all__ = [
     "PromptTemplate",
     "Query",
     "QueryDataModule",
-    "ReferenceScoreCache",
-    "ScoreSettings",
+    "ReferenceLogprobCache",
+    "LogprobBatching",
     "SourceSpec",
     "assemble",
     "build_or_load_cache",
-    "compute_reference_scores",
+    "compute_reference_logprobs",
     "load_queries",
     "load_reference_model",
     "policy_compute_dtype",
     "prepare_queries",
     "render_prompt",
     "resolve_template",
-    "score_shard",
+    "compute_logprob_shard",
     "tokenize_prompts",
 ]

@@ -3,7 +3,7 @@
 Stored as one safetensors file plus a JSON manifest (what it was computed from, see `fingerprint.py`). The scores
 file carries the manifest's fingerprint and its row count in its own metadata, so a scores file copied from another
 cache, cut short or damaged is refused on load (`CacheCorruptError`, naming the file and how to rebuild it) instead
-of training against the wrong numbers. The trainer reads the scores through `ReferenceScoreCache.padded`, which
+of training against the wrong numbers. The trainer reads the scores through `ReferenceLogprobCache.padded`, which
 lines the cached values up with left-padded prompt tokens.
 """
 
@@ -35,7 +35,7 @@ class CacheCorruptError(RuntimeError):
 
 
 @dataclass
-class ReferenceScoreCache:
+class ReferenceLogprobCache:
     """Reference log-probs of Q queries, flat.
 
     Attributes:
@@ -53,7 +53,7 @@ class ReferenceScoreCache:
     num_tokens: torch.Tensor
 
     @classmethod
-    def from_rows(cls, rows: list[torch.Tensor]) -> ReferenceScoreCache:
+    def from_rows(cls, rows: list[torch.Tensor]) -> ReferenceLogprobCache:
         """Build from one [L_q] tensor per query (first entry ignored and stored as 0)."""
         lengths = torch.tensor([row.numel() for row in rows], dtype=torch.long)
         logprobs = torch.cat([row.float() for row in rows]) if rows else torch.zeros(0)
@@ -97,9 +97,6 @@ class ReferenceScoreCache:
         out[real] = self.logprobs[flat_index[real]]
         return out
 
-    def to(self, device: torch.device | str) -> ReferenceScoreCache:
-        return ReferenceScoreCache(*(t.to(device) for t in (self.logprobs, self.offsets, self.nll, self.num_tokens)))
-
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
         """Write the scores with `metadata` (text key/values, e.g. the manifest's fingerprint) in the file header."""
         tensors = {name: getattr(self, name).contiguous().cpu() for name in TENSORS}
@@ -109,7 +106,7 @@ class ReferenceScoreCache:
     @classmethod
     def load(
         cls, path: str | Path, fingerprint: str | None = None, lengths: Sequence[int] | None = None
-    ) -> ReferenceScoreCache:
+    ) -> ReferenceLogprobCache:
         """Read a scores file and check it against what the run expects.
 
         Args:
@@ -180,7 +177,7 @@ def atomic_save_file(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
     os.replace(tmp, path)
 
 
-def write_cache(directory: str | Path, cache: ReferenceScoreCache, manifest: dict, fingerprint: str) -> Path:
+def write_cache(directory: str | Path, cache: ReferenceLogprobCache, manifest: dict, fingerprint: str) -> Path:
     """Write scores (carrying `fingerprint`, the manifest's digest) then the manifest, whose presence marks a complete
     cache. Returns the directory."""
     directory = Path(directory)

@@ -2,7 +2,7 @@
 
 On `setup("fit")` it loads and validates the sources, renders the prompts, and loads the reference score cache, or
 computes it (sharded across the trainer's ranks) when it is missing. The LightningModule takes `datamodule.cache`
-and reads per-token reference log-probs from it during training (`ReferenceScoreCache.padded`).
+and reads per-token reference log-probs from it during training (`ReferenceLogprobCache.padded`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from erpo_lightning.data.cache import SCORES_FILE, CacheCorruptError, ReferenceScoreCache, read_manifest, write_cache
-from erpo_lightning.data.compute import Gather, ScoreSettings, compute_reference_scores
+from erpo_lightning.data.cache import SCORES_FILE, CacheCorruptError, ReferenceLogprobCache, read_manifest, write_cache
 from erpo_lightning.data.fingerprint import build_manifest, cache_home, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
+from erpo_lightning.data.reference_logprobs import Gather, LogprobBatching, compute_reference_logprobs
+from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
-from erpo_lightning.data.vllm_scores import build_vllm_engine
 from erpo_lightning.objectives import batch_query_weights, query_weights
 
 WeightSource = Literal["reference", "current", "none"]
@@ -78,8 +78,8 @@ class QueryDataModule(LightningDataModule):
             the policy's compute dtype (`policy_compute_dtype`), so that Query-KL at θ0 compares like with like.
             A value that differs from the policy's compute dtype is refused.
         cache_device: device of the reference forward; None uses the trainer's device (else CUDA if available).
-        cache_max_tokens, cache_batch_size, cache_chunk_size: see `ScoreSettings`.
-        cache_engine: "transformers" (a forward with `scoring.sequence_logprobs`, what the trainer uses) or "vllm"
+        cache_max_tokens, cache_batch_size, cache_chunk_size: see `LogprobBatching`.
+        cache_engine: "transformers" (a forward with `logprobs.sequence_logprobs`, what the trainer uses) or "vllm"
             (the engine's `prompt_logprobs`; needs vLLM installed; equal to ~1e-6 in float32).
         weight_source: "reference" (the paper: w from the cached reference NLL), "current" (the released code: the
             LightningModule computes w from the current policy; batches carry 1.0) or "none" (w = 1).
@@ -126,12 +126,12 @@ class QueryDataModule(LightningDataModule):
         self.batch_size, self.shuffle, self.seed, self.num_workers = batch_size, shuffle, seed, num_workers
         self.cache_dir, self.cache_force = cache_dir, cache_force
         self.cache_dtype, self.cache_device, self.cache_engine = cache_dtype, cache_device, cache_engine
-        self.score_settings = ScoreSettings(cache_max_tokens, cache_batch_size, cache_chunk_size)
+        self.score_settings = LogprobBatching(cache_max_tokens, cache_batch_size, cache_chunk_size)
         self.weight_source, self.weight_norm = weight_source, weight_norm
         self.weight_clip = tuple(weight_clip) if weight_clip is not None else None
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.data: PreparedQueries | None = None
-        self.cache: ReferenceScoreCache | None = None
+        self.cache: ReferenceLogprobCache | None = None
         self.query_weight: torch.Tensor | None = None
         self.batch_sampler: QueryBatchSampler | None = None
         self.cache_digest: str | None = None  # fingerprint of the reference scores in use, saved in checkpoints
@@ -161,7 +161,7 @@ class QueryDataModule(LightningDataModule):
         if fitting:
             self.attach_cache(self.build_or_load_cache(strategy=strategy, module=module))
 
-    def attach_cache(self, cache: ReferenceScoreCache) -> None:
+    def attach_cache(self, cache: ReferenceLogprobCache) -> None:
         """Use `cache` for the batches: its NLL and, with dataset normalisation, the weights w(q) derived from it."""
         self.cache = cache
         if self.weight_source == "reference" and self.weight_norm == "dataset":
@@ -273,7 +273,7 @@ class QueryDataModule(LightningDataModule):
 
     def build_or_load_cache(
         self, force: bool | None = None, strategy=None, module=None, repair: bool = False
-    ) -> ReferenceScoreCache:
+    ) -> ReferenceLogprobCache:
         """Load the cache if it exists and matches this run; otherwise compute it and write it (rank 0).
 
         Args:
@@ -303,14 +303,14 @@ class QueryDataModule(LightningDataModule):
             report(f"loaded reference scores of {len(cache)} queries ({dtype}) from {directory}")
             return cache
 
-        model = self._scoring_engine(world_size, strategy, dtype)
+        model = self._reference_engine(world_size, strategy, dtype)
         policy = policy_compute_dtype(module, strategy)
         why = "data.cache_dtype" if self.cache_dtype is not None else "the policy's" if policy else "the default"
         report(
             f"computing reference scores of {manifest['num_queries']} queries ({manifest['num_prompt_tokens']} tokens)"
             f" with {self.model_path} ({self.cache_engine}, {dtype}: {why}) on {world_size} rank(s)"
         )
-        cache = compute_reference_scores(
+        cache = compute_reference_logprobs(
             model,
             self.data.prompt_ids,
             rank,
@@ -329,7 +329,7 @@ class QueryDataModule(LightningDataModule):
         report(f"wrote reference scores to {directory}")
         return cache
 
-    def _load_checked(self, directory: Path, manifest: dict, digest: str, repair: bool) -> ReferenceScoreCache | None:
+    def _load_checked(self, directory: Path, manifest: dict, digest: str, repair: bool) -> ReferenceLogprobCache | None:
         """The cache in `directory` if it is there, this run's, and intact; None when there is none, when it predates
         fingerprinted scores files, or (with `repair`) when it is damaged: the reason is reported, and it is recomputed.
         """
@@ -339,14 +339,14 @@ class QueryDataModule(LightningDataModule):
                 return None
             check_manifest(found, manifest, directory)
             lengths = [len(ids) for ids in self.data.prompt_ids]
-            return ReferenceScoreCache.load(directory / SCORES_FILE, digest, lengths)
+            return ReferenceLogprobCache.load(directory / SCORES_FILE, digest, lengths)
         except CacheCorruptError as error:
             if not (repair or error.legacy):
                 raise
             report(f"rebuilding the reference score cache in {directory}: {error.path.name}: {error.reason}")
             return None
 
-    def _scoring_engine(self, world_size: int, strategy, dtype: str):
+    def _reference_engine(self, world_size: int, strategy, dtype: str):
         """The frozen reference that scores the queries, in `dtype`: a transformers model, or a vLLM engine."""
         if self.cache_engine == "transformers":
             device = self.cache_device or (strategy.root_device if strategy is not None else None)
@@ -379,7 +379,7 @@ def load_reference_model(model_path: str, dtype: str, device: str | torch.device
 
 def build_or_load_cache(
     datamodule: QueryDataModule, force: bool = False, strategy=None, module=None
-) -> ReferenceScoreCache:
+) -> ReferenceLogprobCache:
     """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule.
 
     A damaged cache (unreadable, cut short, scores that are not its manifest's) is rebuilt, with the reason reported.

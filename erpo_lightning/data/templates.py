@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from transformers import PreTrainedTokenizerBase
 
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
-# The ERPO paper's instruction (DESIGN.md §1), appended to every problem after one space.
+# The ERPO paper's training instruction (docs/erpo.md), appended to every problem after one space.
 ERPO_SUFFIX = (
     " You FIRST think about the reasoning process as an internal monologue and then provide the final answer."
     " The reasoning process MUST BE enclosed within <think> </think> tags."

@@ -1,6 +1,5 @@
 """Evaluation: temperature sweeps (Avg@k, Pass@1, unbiased Pass@k per benchmark × temperature) and their reports."""
 
-from erpo_lightning.evaluation.metrics import SweepMetric, metric_name, pass_at_k, temperature_label
 from erpo_lightning.evaluation.report import SweepRun, plot_accuracy, print_tables, result_rows, write_results
 from erpo_lightning.evaluation.sweep import (
     Benchmark,
@@ -10,6 +9,7 @@ from erpo_lightning.evaluation.sweep import (
     SweepTiming,
     prepare_benchmarks,
 )
+from erpo_lightning.evaluation.sweep_metrics import SweepMetric, metric_name, pass_at_k, temperature_label
 from erpo_lightning.evaluation.validate import load_policy_weights, run_validate
 
 __all__ = [

@@ -21,8 +21,8 @@ from rich import box  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from erpo_lightning.evaluation.metrics import ALL, HIGH, LOW, MEAN, STATS, metric_name, temperature_label  # noqa: E402
 from erpo_lightning.evaluation.sweep import PreparedBenchmark, SweepConfig  # noqa: E402
+from erpo_lightning.evaluation.sweep_metrics import ALL, HIGH, LOW, MEAN, STATS, metric_name, temperature_label  # noqa: E402
 
 RESULTS_JSON, RESULTS_CSV, PLOT_PNG = "results.json", "results.csv", "accuracy_vs_temperature.png"
 

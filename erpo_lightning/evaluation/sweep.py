@@ -21,8 +21,8 @@ from transformers import PreTrainedTokenizerBase
 from erpo_lightning.data.prepare import prepare_queries
 from erpo_lightning.data.sources import DataError, SourceSpec, describe, resolve_spec
 from erpo_lightning.data.templates import PromptTemplate, resolve_template
-from erpo_lightning.evaluation.metrics import SweepMetric
-from erpo_lightning.rollout.engine import derive_seed
+from erpo_lightning.evaluation.sweep_metrics import SweepMetric
+from erpo_lightning.rollout.engine import declare_context, derive_seed
 from erpo_lightning.rollout.sampler import GradedGroups, RolloutSampler
 
 DEFAULT_TEMPERATURES = [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5]
@@ -237,13 +237,29 @@ def find_sampler(trainer: Any) -> RolloutSampler:
     raise ValueError("a temperature sweep needs the `rollout:` config group (a RolloutCallback: engine and reward)")
 
 
+def prompt_limit(datamodule: Any, config: SweepConfig) -> int:
+    """The longest eval prompt in tokens: the training data's `max_prompt_length` when a datamodule has one, else
+    the config's."""
+    return getattr(datamodule, "max_prompt_length", None) or config.max_prompt_length
+
+
+def response_cap(config: SweepConfig, sampler: RolloutSampler) -> int:
+    """The sweep's `max_new_tokens`: its own, else the rollout's."""
+    return config.max_new_tokens or sampler.settings.max_new_tokens
+
+
+def declare_sweep_context(sampler: RolloutSampler, datamodule: Any, config: SweepConfig) -> None:
+    """Tell the sampler's engine, before it is built, the sweep's longest sequence: prompt limit + response cap.
+
+    A VLLMEngine then sizes `max_model_len` (and its KV cache) to what the sweep generates instead of the model's
+    whole context; once built, an engine too short for the sweep raises an error naming `max_model_len`.
+    """
+    declare_context(sampler.engine, prompt_limit(datamodule, config) + response_cap(config, sampler))
+
+
 def prompt_settings(
     datamodule: Any, config: SweepConfig, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[PromptTemplate, PreTrainedTokenizerBase, int]:
     """(template, tokenizer, max prompt length) of the training data when a datamodule has them, else the config's."""
     template = getattr(datamodule, "template", None) or resolve_template(config.template)
-    return (
-        template,
-        getattr(datamodule, "tokenizer", None) or tokenizer,
-        getattr(datamodule, "max_prompt_length", None) or config.max_prompt_length,
-    )
+    return template, getattr(datamodule, "tokenizer", None) or tokenizer, prompt_limit(datamodule, config)

@@ -14,9 +14,17 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from erpo_lightning.evaluation.metrics import SweepMetric
 from erpo_lightning.evaluation.report import PLOT_PNG, SweepRun, plot_accuracy, print_tables, result_rows, write_results
-from erpo_lightning.evaluation.sweep import SweepConfig, SweepRunner, find_sampler, prepare_benchmarks, prompt_settings
+from erpo_lightning.evaluation.sweep import (
+    SweepConfig,
+    SweepRunner,
+    declare_sweep_context,
+    find_sampler,
+    prepare_benchmarks,
+    prompt_settings,
+    response_cap,
+)
+from erpo_lightning.evaluation.sweep_metrics import SweepMetric
 from erpo_lightning.modules.sharding import is_sharded_checkpoint, load_sharded_policy
 
 BASE = "base"
@@ -90,11 +98,12 @@ def run_validate(
     sampler = find_sampler(trainer)
     model.configure_model()
     policy = model.policy.to(trainer.strategy.root_device)
+    declare_sweep_context(sampler, datamodule, config)
     sampler.setup(policy)  # loads the tokenizer and sets the engine up on the policy
     runner = SweepRunner(sampler)
     template, tokenizer, max_prompt_length = prompt_settings(datamodule, config, sampler.tokenizer)
     benchmarks = prepare_benchmarks(config, tokenizer, template, max_prompt_length)
-    max_new_tokens = config.max_new_tokens or sampler.settings.max_new_tokens
+    max_new_tokens = response_cap(config, sampler)
     counters = getattr(sampler.reward, "counters", dict)
 
     runs = []

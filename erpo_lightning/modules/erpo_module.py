@@ -20,13 +20,13 @@ from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, QueryWeightMode, resolve_algorithm
-from erpo_lightning.metrics import MaskedMean, PolicyKL, QueryKL
+from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs, token_entropy
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.rng import rng_state, set_rng_state
-from erpo_lightning.scoring import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs, token_entropy
+from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -123,7 +123,7 @@ class ERPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
-        self.reference_cache: Any = None  # a data.ReferenceScoreCache: `padded(query_index, width) -> [B, width]`
+        self.reference_cache: Any = None  # a data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]`
         # How w(q) is made: the released preset computes it here; otherwise setup() follows the datamodule's weight_*.
         self.current_policy_weights = self.algorithm.query_weight_mode == "current_batch"
         self.batch_weights_from_reference = False

@@ -1,8 +1,15 @@
-"""The reward protocol shared by the rollout callback and user-supplied rewards."""
+"""The reward interface: what the rollout sampler calls and what a user-supplied reward implements.
+
+`Reward` is the type the sampler and the CLI accept (any `(responses, golds) -> rewards` callable); `RewardFn` spells
+out the same call plus the optional `counters()` as a Protocol, for isinstance checks and documentation.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
+
+Reward = Callable[[list[str], list[str]], list[float]]
 
 
 @runtime_checkable

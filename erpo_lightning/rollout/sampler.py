@@ -6,16 +6,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from time import perf_counter
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings
-
-Reward = Callable[[list[str], list[str]], list[float]]
 
 
 @dataclass

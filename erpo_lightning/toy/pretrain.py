@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from erpo_lightning.data.templates import tokenize_prompts
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rollout.engine import left_pad
-from erpo_lightning.tiny import build_tiny_qwen2
+from erpo_lightning.tiny_qwen2 import build_tiny_qwen2
 from erpo_lightning.toy.task import toy_template
 
 IGNORE_INDEX = -100

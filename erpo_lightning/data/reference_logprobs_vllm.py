@@ -1,7 +1,8 @@
-"""Optional fast path: reference query scores from a vLLM engine's `prompt_logprobs`.
+"""Optional fast path: reference query log-probs from a vLLM engine's `prompt_logprobs`.
 
-`compute.score_shard` calls `vllm_score_batch` when it is given a `vllm.LLM` instead of a torch model, so chunking,
-sharding and resuming are the same for both engines. vLLM is imported only here, and only when used.
+`reference_logprobs.compute_logprob_shard` calls `vllm_query_logprobs` when it is given a `vllm.LLM` instead of a
+torch model, so chunking, sharding and resuming are the same for both engines. vLLM is imported only here, and only
+when used.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def build_vllm_engine(model_path: str, max_model_len: int, dtype: str = "float32
         torch.set_num_threads(threads)
 
 
-def vllm_score_batch(llm, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+def vllm_query_logprobs(llm, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """Per-token log-probs of each prompt from `llm.generate(..., prompt_logprobs=0)`: float32 [L_q], entry 0 = 0."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt

@@ -1,4 +1,4 @@
-"""Compute reference query scores: batched, length-sorted, sharded across ranks, resumable.
+"""Reference per-token log-probs of every query: batched, length-sorted, sharded across ranks, resumable.
 
 Queries are sorted by length (longest first, so an out-of-memory shows at once) and cut into chunks of
 `chunk_size` queries; rank r scores chunks r, r + world_size, ... Each finished chunk is written to `chunk_dir`
@@ -6,7 +6,7 @@ Queries are sorted by length (longest first, so an out-of-memory shows at once) 
 
 Prompts are right-padded with an all-ones attention mask: causal attention never lets a real token see the padding
 after it, so every real position is scored exactly as in an unpadded forward, with no position-id shift and the
-fast causal attention kernels. Scores come from `scoring.sequence_logprobs`, the function the trainer uses.
+fast causal attention kernels. Scores come from `logprobs.sequence_logprobs`, the function the trainer uses.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from erpo_lightning.data.cache import ReferenceScoreCache, atomic_save_file
-from erpo_lightning.data.vllm_scores import vllm_score_batch
-from erpo_lightning.scoring import sequence_logprobs
+from erpo_lightning.data.cache import ReferenceLogprobCache, atomic_save_file
+from erpo_lightning.data.reference_logprobs_vllm import vllm_query_logprobs
+from erpo_lightning.logprobs import sequence_logprobs
 
 Shard = dict[str, torch.Tensor]  # {"query_index" [n], "lengths" [n], "logprobs" [sum(lengths)]}
 Gather = Callable[[object], list]  # one object per rank in, every rank's object out (all_gather_object)
 
 
 @dataclass
-class ScoreSettings:
+class LogprobBatching:
     """Batching of the cache forward.
 
     Attributes:
@@ -50,7 +50,7 @@ def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[int]]:
     return [order[start : start + chunk_size] for start in range(0, len(order), chunk_size)]
 
 
-def plan_batches(indices: Sequence[int], lengths: Sequence[int], settings: ScoreSettings) -> list[list[int]]:
+def plan_batches(indices: Sequence[int], lengths: Sequence[int], settings: LogprobBatching) -> list[list[int]]:
     """Greedy batches of length-sorted `indices` with at most `max_tokens` padded tokens and `max_batch_size` rows."""
     batches: list[list[int]] = []
     for index in indices:
@@ -73,7 +73,7 @@ def right_padded(prompts: Sequence[Sequence[int]], device: torch.device) -> torc
 
 
 @torch.no_grad()
-def score_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+def batch_query_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """Per-token log-probs of each prompt under `model`: one float32 [L_q] CPU tensor per prompt, entry 0 = 0."""
     device = next(model.parameters()).device
     input_ids = right_padded(prompts, device)
@@ -94,13 +94,13 @@ def _load_chunk(path: Path, expected: list[int], lengths: list[int]) -> Shard | 
         return None
 
 
-def score_shard(
+def compute_logprob_shard(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     rank: int = 0,
     world_size: int = 1,
     chunk_dir: str | Path | None = None,
-    settings: ScoreSettings | None = None,
+    settings: LogprobBatching | None = None,
     progress: bool = True,
     resume: bool = True,
 ) -> Shard:
@@ -115,7 +115,7 @@ def score_shard(
     Returns:
         {"query_index" [n] int64, "lengths" [n] int64, "logprobs" [Σ lengths] float32} for this rank's queries.
     """
-    settings = settings or ScoreSettings()
+    settings = settings or LogprobBatching()
     lengths = [len(ids) for ids in prompts]
     chunks = [(c, chunk) for c, chunk in enumerate(plan_chunks(lengths, settings.chunk_size)) if c % world_size == rank]
     done = [_shard([], [], torch.zeros(0))]
@@ -123,12 +123,12 @@ def score_shard(
     show = progress and rank == 0
     with Progress(*columns, TimeRemainingColumn(), console=Console(stderr=True), disable=not show) as bar:
         total = sum(lengths[i] for _, chunk in chunks for i in chunk)
-        task = bar.add_task(f"reference scores (rank {rank}/{world_size})", total=total)
+        task = bar.add_task(f"reference log-probs (rank {rank}/{world_size})", total=total)
         for chunk_number, chunk in chunks:
             path = Path(chunk_dir) / f"chunk_{chunk_number:06d}.safetensors" if chunk_dir else None
             result = _load_chunk(path, chunk, lengths) if path and resume else None
             if result is None:
-                result = _score_chunk(model, prompts, lengths, chunk, settings, lambda n: bar.advance(task, n))
+                result = _logprob_chunk(model, prompts, lengths, chunk, settings, lambda n: bar.advance(task, n))
                 if path:
                     atomic_save_file(result, path)
             else:
@@ -145,9 +145,9 @@ def _shard(indices: Sequence[int], lengths: Sequence[int], logprobs: torch.Tenso
     }
 
 
-def _score_chunk(model, prompts, lengths: list[int], chunk: list[int], settings: ScoreSettings, on_batch) -> Shard:
+def _logprob_chunk(model, prompts, lengths: list[int], chunk: list[int], settings: LogprobBatching, on_batch) -> Shard:
     """Score one chunk batch by batch (`on_batch(tokens)` after each) and return it in chunk order."""
-    score = score_batch if isinstance(model, torch.nn.Module) else vllm_score_batch
+    score = batch_query_logprobs if isinstance(model, torch.nn.Module) else vllm_query_logprobs
     rows: dict[int, torch.Tensor] = {}
     for batch in plan_batches(chunk, lengths, settings):
         rows.update(zip(batch, score(model, [prompts[i] for i in batch]), strict=True))
@@ -155,27 +155,27 @@ def _score_chunk(model, prompts, lengths: list[int], chunk: list[int], settings:
     return _shard(chunk, [lengths[i] for i in chunk], torch.cat([rows[i] for i in chunk]))
 
 
-def assemble(shards: Sequence[Shard], num_queries: int) -> ReferenceScoreCache:
+def assemble(shards: Sequence[Shard], num_queries: int) -> ReferenceLogprobCache:
     """Merge the shards of all ranks into the cache, in query order; every query must appear exactly once."""
     index = torch.cat([shard["query_index"] for shard in shards])
     rows = [row for shard in shards for row in torch.split(shard["logprobs"], shard["lengths"].tolist())]
     if sorted(index.tolist()) != list(range(num_queries)):
-        raise RuntimeError(f"the shards hold {index.numel()} query scores, not each of the {num_queries} queries once")
-    return ReferenceScoreCache.from_rows([rows[position] for position in index.argsort().tolist()])
+        raise RuntimeError(f"the shards hold {index.numel()} query rows, not each of the {num_queries} queries once")
+    return ReferenceLogprobCache.from_rows([rows[position] for position in index.argsort().tolist()])
 
 
-def compute_reference_scores(
+def compute_reference_logprobs(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     rank: int = 0,
     world_size: int = 1,
     gather: Gather | None = None,
     chunk_dir: str | Path | None = None,
-    settings: ScoreSettings | None = None,
+    settings: LogprobBatching | None = None,
     progress: bool = True,
     resume: bool = True,
-) -> ReferenceScoreCache:
-    """Reference scores of all `prompts`: each rank scores its shard, `gather` collects all shards on every rank.
+) -> ReferenceLogprobCache:
+    """Reference log-probs of all `prompts`: each rank scores its shard, `gather` collects all shards on every rank.
 
     Args:
         gather: maps this rank's shard to the list of every rank's shard (e.g. `torch.distributed.all_gather_object`);
@@ -183,5 +183,5 @@ def compute_reference_scores(
     """
     if world_size > 1 and gather is None:
         raise ValueError("world_size > 1 needs a gather callable that collects the shards of all ranks")
-    shard = score_shard(model, prompts, rank, world_size, chunk_dir, settings, progress, resume)
+    shard = compute_logprob_shard(model, prompts, rank, world_size, chunk_dir, settings, progress, resume)
     return assemble(gather(shard) if gather else [shard], len(prompts))
