@@ -25,6 +25,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from erpo_lightning.rollout.batch import QueryBatch, assemble_batch
+from erpo_lightning.rollout.engine import Sample
+
 ALGORITHMS = ("erpo", "grpo", "grpo_kl")
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
 # "0.5b" is Qwen2.5-0.5B's (with its 151,936-token vocabulary).
@@ -49,36 +52,26 @@ def build_model(size: str, path: Path) -> None:
     Qwen2ForCausalLM(config).save_pretrained(path)
 
 
-def rollout_batch(args, vocab_size: int) -> dict:
-    """B·G rows of random prompt/response tokens: prompts left-padded, responses right-padded, lengths varied."""
+def rollout_batch(args, vocab_size: int) -> QueryBatch:
+    """B queries with G responses each, random tokens of varied lengths, packed by the package's `assemble_batch`
+    (prompts left-padded, responses right-padded) and attached to their `QueryBatch` as the RolloutCallback does."""
     generator = torch.Generator().manual_seed(0)
-    rows = args.queries * args.group_size
-    width = args.prompt_len + args.response_len
-    input_ids = torch.randint(1, vocab_size, (rows, width), generator=generator)
-    attention_mask = torch.ones(rows, width, dtype=torch.long)
-    prompt_lengths = torch.randint(args.prompt_len // 2, args.prompt_len + 1, (args.queries,), generator=generator)
-    response_lengths = torch.randint(args.response_len // 4, args.response_len + 1, (rows,), generator=generator)
-    for row in range(rows):
-        attention_mask[row, : args.prompt_len - int(prompt_lengths[row // args.group_size])] = 0
-        attention_mask[row, args.prompt_len + int(response_lengths[row]) :] = 0
-    for query in range(args.queries):  # the G rows of a group share their prompt
-        input_ids[query * args.group_size : (query + 1) * args.group_size, : args.prompt_len] = input_ids[
-            query * args.group_size, : args.prompt_len
-        ]
-    response_mask = attention_mask[:, args.prompt_len :].clone()
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "prompt_length": args.prompt_len,
-        "response_mask": response_mask,
-        "sampling_logprobs": -torch.rand(rows, args.response_len, generator=generator) * response_mask,
-        "rewards": torch.randint(0, 2, (rows,), generator=generator).float(),
-        "group_index": torch.arange(rows) // args.group_size,
-        "query_index": torch.arange(rows) // args.group_size,
-        "query_weight": torch.ones(rows),
-        "truncated": torch.zeros(rows, dtype=torch.bool),
-        "group_size": args.group_size,
-    }
+
+    def tokens(low: int, high: int) -> list[int]:
+        length = int(torch.randint(low, high + 1, (), generator=generator))
+        return torch.randint(1, vocab_size, (length,), generator=generator).tolist()
+
+    prompts = [tokens(args.prompt_len // 2, args.prompt_len) for _ in range(args.queries)]
+    samples = []
+    for _ in prompts:
+        responses = [tokens(args.response_len // 4, args.response_len) for _ in range(args.group_size)]
+        samples.append(
+            [Sample(ids, (-torch.rand(len(ids), generator=generator)).tolist(), "stop") for ids in responses]
+        )
+    rewards = torch.randint(0, 2, (args.queries * args.group_size,), generator=generator).float()
+    query_index = torch.arange(args.queries)
+    rollout = assemble_batch(prompts, samples, rewards, query_index, pad_token_id=0)
+    return QueryBatch(query_index, prompts, [""] * args.queries, rollout=rollout)
 
 
 def worker(args) -> dict:
@@ -98,13 +91,14 @@ def worker(args) -> dict:
     module.configure_model()
     device = torch.device(args.device)
     with torch.no_grad():  # the reference cache: one value per prompt token, from the initial model
-        prompts = batch["input_ids"][:: args.group_size, : args.prompt_len]
-        masks = batch["attention_mask"][:: args.group_size, : args.prompt_len]
+        rollout = batch.rollout
+        prompts = rollout.input_ids[rollout.is_group_leader, : rollout.prompt_length]
+        masks = rollout.attention_mask[rollout.is_group_leader, : rollout.prompt_length]
         module.policy.to(device)
         scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
     module.reference_cache = ReferenceLogprobCache.from_rows(
         [s[m.bool()] for s, m in zip(scored, masks, strict=True)]
-    ).to(device)
+    )
 
     times: list[float] = []
 

@@ -91,12 +91,12 @@ def run_ours(args, algorithm: str) -> dict:
     import lightning as L
     from transformers import AutoTokenizer
 
-    from erpo_lightning import objectives as obj
     from erpo_lightning.callbacks.rollout import RolloutCallback
     from erpo_lightning.data.cache import ReferenceLogprobCache
     from erpo_lightning.logprobs import sequence_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
     from erpo_lightning.rollout import HFEngine
+    from erpo_lightning.rollout.batch import QueryBatch
 
     model_path = model_dir(args)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -110,14 +110,12 @@ def run_ours(args, algorithm: str) -> dict:
     with torch.no_grad():  # what `erpo cache` does once before training: the initial model's query scores
         rows = [sequence_logprobs(module.policy, torch.tensor([ids]), torch.ones(1, len(ids)))[0] for ids in prompt_ids]
     module.reference_cache = ReferenceLogprobCache.from_rows(rows)
-    weights = obj.query_weights(module.reference_cache.nll, module.reference_cache.nll.mean())
-    batches = [
-        {
-            "prompt_ids": prompt_ids[start : start + args.queries],
-            "answers": answers[start : start + args.queries],
-            "query_index": torch.arange(start, start + args.queries),
-            "query_weight": weights[start : start + args.queries],
-        }
+    batches = [  # what QueryDataModule yields; the RolloutCallback attaches each step's rollout
+        QueryBatch(
+            torch.arange(start, start + args.queries),
+            prompt_ids[start : start + args.queries],
+            answers[start : start + args.queries],
+        )
         for start in range(0, len(prompts), args.queries)
     ]
     marks: list[tuple[float, float, float]] = []

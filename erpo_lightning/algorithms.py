@@ -11,12 +11,21 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from erpo_lightning.objectives import DEFAULT_KL_CLAMP, Estimator, LossSettings
+from erpo_lightning.objectives import (
+    DEFAULT_ADVANTAGE_EPS,
+    DEFAULT_KL_CLAMP,
+    DEFAULT_QUERY_WEIGHT_CLIP,
+    Estimator,
+    LossSettings,
+    QueryWeightNorm,
+    QueryWeightSource,
+)
 
 AlgorithmName = Literal[
     "erpo", "erpo_released", "grpo", "grpo_kl", "dapo", "dapo_erpo", "rloo", "rloo_erpo", "dr_grpo", "reinforce"
 ]
-QueryWeightMode = Literal["data", "current_batch"]
+# `model.query_weight_clip: none` turns the clip off (null keeps the preset's, like every other override).
+NO_CLIP = "none"
 
 
 @dataclass(frozen=True)
@@ -25,17 +34,24 @@ class Algorithm(LossSettings):
 
     Attributes:
         advantage_estimator: `grpo` | `dr_grpo` | `rloo` | `reinforce` (see `objectives.group_advantages`).
-        use_query_weights: multiply each query's policy-gradient terms by w(q).
-        query_weight_mode: `data`: w(q) as the datamodule's `weight_*` settings define it (default: the paper's,
-            from the cached reference NLL over the training set, clipped to [0, 2]); `current_batch`: the released
-            code's, mean NLL / NLL of the current policy's prompt over the optimizer step's queries on all ranks,
-            computed before each optimizer step, unclipped (the datamodule's `weight_*` are then not read).
+        advantage_eps: eps of the `grpo` estimator's (r - mean) / (std + eps).
+        use_query_weights: multiply each query's policy-gradient terms by w(q) = clip(s̄ / s(q)) (w(q) is logged
+            either way when it needs no extra forward).
+        query_weight_source: s(q) is the summed prompt NLL of the frozen reference (`reference`, from the cache;
+            the paper) or of the current policy, one no-grad forward before each optimizer step (`current`, the
+            released code).
+        query_weight_norm: s̄ is the mean over the whole training set (`dataset`, the paper; needs `reference`) or
+            over the optimizer step's queries on all ranks (`batch`, the released code).
+        query_weight_clip: (lo, hi) clip of w(q), or None (unclipped, the released code).
         weight_decay: AdamW weight decay (the module's `weight_decay`, when not set, takes it from here).
     """
 
     advantage_estimator: Estimator = "grpo"
+    advantage_eps: float = DEFAULT_ADVANTAGE_EPS
     use_query_weights: bool = True
-    query_weight_mode: QueryWeightMode = "data"
+    query_weight_source: QueryWeightSource = "reference"
+    query_weight_norm: QueryWeightNorm = "dataset"
+    query_weight_clip: tuple[float, float] | None = DEFAULT_QUERY_WEIGHT_CLIP
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
@@ -59,10 +75,23 @@ class Algorithm(LossSettings):
             )
         if min(self.query_kl_coef, self.policy_kl_coef, self.weight_decay) < 0:
             raise ValueError("model.query_kl_coef, policy_kl_coef and weight_decay must be >= 0")
+        if not self.advantage_eps >= 0:
+            raise ValueError(f"model.advantage_eps must be >= 0, got {self.advantage_eps}")
+        if self.query_weight_source == "current" and self.query_weight_norm == "dataset":
+            raise ValueError(
+                "model.query_weight_source 'current' with query_weight_norm 'dataset' would divide the current "
+                "policy's NLL by the reference's training-set mean, a mix neither the paper nor the released code "
+                "uses: set model.query_weight_norm 'batch' (the released code) or query_weight_source 'reference'"
+            )
+        clip = self.query_weight_clip
+        if clip is not None:
+            if len(clip) != 2 or not 0 <= clip[0] <= clip[1]:
+                raise ValueError(f"model.query_weight_clip must be [lo, hi] with 0 <= lo <= hi, or none, got {clip}")
+            object.__setattr__(self, "query_weight_clip", (float(clip[0]), float(clip[1])))
 
 
 # The paper (arXiv 2608.23311): GRPO + Query-KL on summed query log-likelihoods (sequence k3) with α = 0.01, and
-# dataset-static weights from the frozen reference, token-level aggregation.
+# dataset-static weights from the frozen reference clipped to [0, 2], token-level aggregation.
 _ERPO = Algorithm()
 # The authors' release (AlibabaResearch/ERPO, examples/erpo/erpo_base_qwen25_7b.yaml + actor_worker.py on ROLL).
 _ERPO_RELEASED = Algorithm(
@@ -72,7 +101,9 @@ _ERPO_RELEASED = Algorithm(
     query_kl_aggregation="like_pg",
     kl_clamp_mode="value",
     kl_clamp=DEFAULT_KL_CLAMP,
-    query_weight_mode="current_batch",
+    query_weight_source="current",
+    query_weight_norm="batch",
+    query_weight_clip=None,
     weight_decay=0.01,
 )
 _NO_REGULARISER = replace(_ERPO, query_kl_coef=0.0, use_query_weights=False)
@@ -94,11 +125,15 @@ assert set(ALGORITHMS) == set(typing.get_args(AlgorithmName)), "AlgorithmName mu
 
 
 def resolve_algorithm(name: str, **overrides: Any) -> Algorithm:
-    """The preset `name` with every non-None override applied (e.g. `query_kl_coef=0.05` for an ablation)."""
+    """The preset `name` with every non-None override applied (e.g. `query_kl_coef=0.05` for an ablation);
+    `query_weight_clip=NO_CLIP` ("none") sets that field to None."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown model.algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}")
     known = {f.name for f in fields(Algorithm)}
     unknown = set(overrides) - known
     if unknown:
         raise ValueError(f"unknown algorithm fields {sorted(unknown)}; known: {sorted(known)}")
-    return replace(ALGORITHMS[name], **{key: value for key, value in overrides.items() if value is not None})
+    changes = {key: value for key, value in overrides.items() if value is not None}
+    if changes.get("query_weight_clip") == NO_CLIP:
+        changes["query_weight_clip"] = None
+    return replace(ALGORITHMS[name], **changes)

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from lightning.pytorch.callbacks import ProgressBar, RichProgressBar  # noqa: E4
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
-from erpo_lightning.algorithms import ALGORITHMS  # noqa: E402
+from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
 from erpo_lightning.checkpointing import AtomicCheckpointIO, resolve_resume_path  # noqa: E402
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
@@ -52,6 +53,13 @@ from erpo_lightning.objectives import GROUP_ESTIMATORS  # noqa: E402
 # they replace it instead (each such flag is preceded by `<flag>=[]`).
 REPLACED_LISTS = ("--data.train", "--sweep.benchmarks")
 RESUME_KEYWORDS = ("last", "last_or_none", "best", "hpc")
+# Settings that moved to another group: an old config naming one gets an error that says where it went.
+MOVED_KEYS = {
+    "data.weight_source": "model.query_weight_source (reference | current; for 'none' set model.use_query_weights "
+    "false)",
+    "data.weight_norm": "model.query_weight_norm (dataset | batch)",
+    "data.weight_clip": "model.query_weight_clip ([lo, hi] or none)",
+}
 
 
 class ERPOProgressBar(RichProgressBar):
@@ -142,6 +150,7 @@ class ERPOCLI(LightningCLI):
             known = {action.dest.split(".")[0] for action in self._subcommand_parsers[subcommand]._actions}
             for path in _config_files(args[args.index(subcommand) + 1 :]):
                 check_top_level_keys(path, known)
+            check_moved_keys(args[args.index(subcommand) + 1 :])
         self.config = parser.parse_args(_replacing_lists(args))
 
     def before_instantiate_classes(self) -> None:
@@ -192,6 +201,21 @@ def check_top_level_keys(path: str, known: set[str]) -> None:
             raise SettingsError(f"{path}: unknown top-level key '{key}'; {hint}")
 
 
+def check_moved_keys(args: list[str]) -> None:
+    """A SettingsError naming the new place of a MOVED_KEYS setting given in `args` or in one of its config files."""
+    given = [arg.split("=", 1)[0].removeprefix("--") for arg in args if arg.startswith("--")]
+    for path in _config_files(args):
+        try:
+            content = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            continue  # not a readable YAML file: the parser reports it
+        for group, section in content.items() if isinstance(content, dict) else ():
+            given += [f"{group}.{key}" for key in section] if isinstance(section, dict) else []
+    for key in given:
+        if key in MOVED_KEYS:
+            raise SettingsError(f"{key} has moved: w(q) is the algorithm's, set {MOVED_KEYS[key]}")
+
+
 def _at_least(config: Namespace, field: str, minimum: float, optional: bool = False) -> None:
     value = config.get(field)
     if value is None and optional:
@@ -226,8 +250,11 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         raise SettingsError(str(error)) from None
     _at_least(config, "model.update_batch_size", 1, optional=True)
     _at_least(config, "model.max_consecutive_skips", 1)
-    preset = ALGORITHMS.get(config.model.algorithm)
-    estimator = config.model.advantage_estimator or (preset.advantage_estimator if preset else None)
+    try:  # the algorithm's own checks, e.g. query_weight_source 'current' with query_weight_norm 'dataset'
+        algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    estimator = algorithm.advantage_estimator
     if subcommand == "fit" and estimator in GROUP_ESTIMATORS and config.rollout.group_size < 2:
         raise SettingsError(
             f"rollout.group_size must be >= 2 with the {estimator!r} advantage estimator (it compares the responses "

@@ -18,23 +18,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from toy_study import REPO, STUDY_FILE, StudySettings, latest_log_dir, run_slug  # noqa: E402
+from toy_study import REPO, STUDY_FILE, StudySettings, load_runs  # noqa: E402
 from toy_study_claims import confirm, evaluate_all  # noqa: E402
-from toy_study_report import RunRecord, collect, estimators  # noqa: E402
+from toy_study_report import collect, estimators  # noqa: E402
 
 SHIPPED_CLAIMS = REPO / "docs" / "toy_study_claims.json"
-
-
-def load_runs(out: Path, methods: list[str]) -> list[RunRecord]:
-    """Every finished (method, seed) run under a study's run directory (`<out>/<method slug>/seed<k>`)."""
-    records = []
-    for method in methods:
-        for seed_dir in sorted((out / run_slug(method)).glob("seed*")):
-            if (seed_dir / "erpo").is_dir():
-                records.append(RunRecord(method, int(seed_dir.name[4:]), latest_log_dir(seed_dir), 0.0))
-    if not records:
-        raise SystemExit(f"no toy-study runs under {out}")
-    return records
 
 
 def study_claims(path: Path) -> tuple[dict, list[dict]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
+from batches import make_rollout, with_rollout
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -27,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.logprobs import gather_token_logprobs, sequence_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 PAD = 256
@@ -43,72 +45,55 @@ CONFIGS = {
         algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, warmup_steps=2,
         gradient_clip_norm=0.5,
     ),
-    # Batch-global baseline and weights, sequence-k3, Policy-KL against a (sharded) reference model, activation
-    # checkpointing, two PPO epochs.
+    # Batch-global baseline and weights (the released code's batch-normalised reference weights, unclipped),
+    # sequence-k3, Policy-KL against a (sharded) reference model, activation checkpointing, two PPO epochs.
     "reinforce": dict(
-        algorithm="erpo", advantage_estimator="reinforce", loss_aggregation="seq_mean_token_mean",
+        algorithm="erpo", advantage_estimator="reinforce", query_weight_norm="batch", query_weight_clip="none",
+        loss_aggregation="seq_mean_token_mean",
         query_kl_estimator="sequence_k3", policy_kl_coef=0.05, num_iterations=2, micro_batch_tokens=20,
         gradient_checkpointing=True,
     ),
 }  # fmt: skip
 
 
-def global_batches(model: torch.nn.Module) -> list[dict]:
+def global_batches(model: torch.nn.Module) -> list[RolloutBatch]:
     """NUM_BATCHES rollout batches of 4 groups × GROUP_SIZE rows: prompts left-padded, responses right-padded."""
     generator = torch.Generator().manual_seed(0)
-    prompt_width = max(PROMPT_LENGTHS)
-    response_width = max(max(lengths) for lengths in RESPONSE_LENGTHS)
     batches = []
     for step in range(NUM_BATCHES):
-        rows, masks = [], []
-        for prompt_length, responses in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True):
-            prompt = torch.randint(10, 250, (prompt_length,), generator=generator).tolist()
-            for length in responses:
-                response = torch.randint(10, 250, (length,), generator=generator).tolist()
-                left, right = prompt_width - prompt_length, response_width - length
-                rows.append([PAD] * left + prompt + response + [PAD] * right)
-                masks.append([0] * left + [1] * (prompt_length + length) + [0] * right)
-        input_ids, attention_mask = torch.tensor(rows), torch.tensor(masks)
-        response_mask = attention_mask[:, prompt_width:]
+        prompts, responses = [], []
+        for prompt_length, lengths in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True):
+            prompts.append(torch.randint(10, 250, (prompt_length,), generator=generator).tolist())
+            responses += [torch.randint(10, 250, (length,), generator=generator).tolist() for length in lengths]
+        rewards = torch.randint(0, 2, (len(responses),), generator=generator).float().tolist()
+        batch = make_rollout(
+            prompts, responses, rewards, query_index=[4 * step + q for q in range(4)], pad_token_id=PAD
+        )
         with torch.no_grad():  # sampled by the initial policy: later steps are off-policy
-            sampling = (
-                sequence_logprobs(model, input_ids, attention_mask, TEMPERATURE)[:, prompt_width:] * response_mask
-            )
-        num_rows = len(rows)
-        batches.append({
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "prompt_length": prompt_width,
-            "response_mask": response_mask,
-            "sampling_logprobs": sampling,
-            "rewards": torch.randint(0, 2, (num_rows,), generator=generator).float(),
-            "group_index": torch.arange(num_rows) // GROUP_SIZE,
-            "query_index": torch.arange(num_rows) // GROUP_SIZE + 4 * step,
-            "query_weight": torch.rand(num_rows // GROUP_SIZE, generator=generator).repeat_interleave(GROUP_SIZE) + 0.5,
-            "truncated": torch.zeros(num_rows, dtype=torch.bool),
-            "group_size": GROUP_SIZE,
-        })  # fmt: skip
+            logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, TEMPERATURE)
+        batch.sampling_logprobs = logprobs[:, batch.prompt_length :] * batch.response_mask
+        batches.append(batch)
     return batches
 
 
-def reference_cache(model: torch.nn.Module, batches: list[dict]) -> ReferenceLogprobCache:
+def reference_cache(model: torch.nn.Module, batches: list[RolloutBatch]) -> ReferenceLogprobCache:
     """Reference query scores of every batch's queries, shifted so that Query-KL is not zero at the first step."""
     rows = []
     with torch.no_grad():
         for batch in batches:
-            for row in range(0, len(batch["input_ids"]), GROUP_SIZE):
-                width = batch["prompt_length"]
-                prompt = batch["input_ids"][row, :width][batch["attention_mask"][row, :width].bool()].unsqueeze(0)
+            for row in range(0, batch.num_rows, GROUP_SIZE):
+                width = batch.prompt_length
+                prompt = batch.input_ids[row, :width][batch.attention_mask[row, :width].bool()].unsqueeze(0)
                 rows.append(gather_token_logprobs(model(prompt).logits, prompt)[0] + 0.05 * (row + 1))
     return ReferenceLogprobCache.from_rows(rows)
 
 
-def rank_shard(batch: dict) -> dict:
+def rank_shard(batch: RolloutBatch) -> QueryBatch:
     """This rank's rows: whole groups r, r + W, ... (DistributedSampler's interleaving, applied to groups)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    groups = torch.arange(rank, len(batch["input_ids"]) // GROUP_SIZE, world)
+    groups = torch.arange(rank, batch.num_rows // GROUP_SIZE, world)
     rows = (groups.unsqueeze(1) * GROUP_SIZE + torch.arange(GROUP_SIZE)).reshape(-1)
-    return {key: value[rows] if torch.is_tensor(value) else value for key, value in batch.items()}
+    return with_rollout(batch.select_rows(rows))
 
 
 class EpochSampler(Sampler):
@@ -128,13 +113,13 @@ class EpochSampler(Sampler):
 
 
 class Shards(Dataset):
-    def __init__(self, batches: list[dict]) -> None:
+    def __init__(self, batches: list[RolloutBatch]) -> None:
         self.batches = batches
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, index: int) -> QueryBatch:
         return rank_shard(self.batches[index])
 
 
@@ -168,8 +153,6 @@ def main() -> None:
         config["update_batch_size"] //= devices
     module = ERPOModule(args.model_dir, temperature=TEMPERATURE, learning_rate=1e-3, **config)
     module.reference_cache = reference_cache(initial, batches)
-    if args.config == "reinforce":  # the released code's batch-normalised reference weights, unclipped
-        module.batch_weights_from_reference, module.weight_norm, module.weight_clip = True, "batch", None
 
     strategy = {
         "single": "auto",

@@ -20,7 +20,8 @@ from erpo_lightning.data import (
 from erpo_lightning.data.reference_logprobs import plan_batches, plan_chunks
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.logprobs import sequence_logprobs
-from erpo_lightning.objectives import batch_query_weights, query_weights, split_prompt_response
+from erpo_lightning.objectives import split_prompt_response
+from erpo_lightning.rollout.batch import QueryBatch
 from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 SOURCES = [
@@ -204,33 +205,19 @@ def test_a_mismatched_cache_is_refused_with_the_differing_field(
     other.build_or_load_cache()  # and the rebuilt cache now loads for it
 
 
-def test_training_batches_carry_ids_prompts_answers_and_weights(tiny_dir, tmp_path):
+def test_training_batches_carry_query_rows_prompts_and_answers(tiny_dir, tmp_path):
     datamodule = make_datamodule(tiny_dir, tmp_path)
     datamodule.setup("fit")
-    nll = datamodule.cache.nll
-    expected_weights = query_weights(nll, nll.mean(), (0.0, 2.0))
     loader = datamodule.train_dataloader()
     batches = list(loader)
-    assert len(batches) == 6
-    seen = torch.cat([b["query_index"] for b in batches])
+    assert len(batches) == 6 and all(isinstance(b, QueryBatch) and b.rollout is None for b in batches)
+    seen = torch.cat([b.query_index for b in batches])
     assert sorted(seen.tolist()) == list(range(24)) and seen.tolist() != list(range(24))  # shuffled, all of them
     batch = batches[0]
-    assert set(batch) == {"query_index", "query_id", "prompt_ids", "answers", "query_weight", "ref_query_nll"}
-    for position, q in enumerate(batch["query_index"].tolist()):
-        query = datamodule.data.queries[q]
-        assert batch["query_id"][position] == query.query_id and batch["answers"][position] == query.answer
-        assert batch["prompt_ids"][position] == datamodule.data.prompt_ids[q]
-    torch.testing.assert_close(batch["query_weight"], expected_weights[batch["query_index"]])
-    torch.testing.assert_close(batch["ref_query_nll"], nll[batch["query_index"]])
-    assert torch.equal(torch.cat([b["query_index"] for b in datamodule.train_dataloader()]), seen)  # seeded
-
-    per_batch = make_datamodule(tiny_dir, tmp_path, weight_norm="batch", weight_clip=None)
-    per_batch.setup("fit")
-    batch = per_batch.collate([0, 5, 9])
-    torch.testing.assert_close(batch["query_weight"], batch_query_weights(nll[[0, 5, 9]]))
-    current = make_datamodule(tiny_dir, tmp_path, weight_source="current")
-    current.setup("fit")
-    assert torch.equal(current.collate([0, 5, 9])["query_weight"], torch.ones(3))
+    for position, q in enumerate(batch.query_index.tolist()):
+        assert batch.answers[position] == datamodule.data.queries[q].answer
+        assert batch.prompt_ids[position] == datamodule.data.prompt_ids[q]
+    assert torch.equal(torch.cat([b.query_index for b in datamodule.train_dataloader()]), seen)  # seeded
 
 
 def test_cache_roundtrip_keeps_every_tensor(tmp_path):

@@ -38,7 +38,8 @@ BAD = {
     "--model.query_kl_estimator=seq_k3": "query_kl_estimator",
     "--model.kl_clamp_mode=values": "kl_clamp_mode",
     "--model.query_kl_aggregation=like_policy": "query_kl_aggregation",
-    "--model.query_weight_mode=current": "query_weight_mode",
+    "--model.query_weight_source=currents": "query_weight_source",
+    "--model.query_weight_norm=global": "query_weight_norm",
     "--model.policy_kl_kind=k4": "policy_kl_kind",
     "--model.dtype=bf16": "dtype",
 }

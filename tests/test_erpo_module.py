@@ -5,7 +5,7 @@ import copy
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from batches import make_rollout, rollout_loader
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.logprobs import gather_token_logprobs
@@ -20,11 +20,13 @@ REWARDS = [1.0, 0.0, 0.0, 1.0]
 
 
 class ReferenceLogprobs:
-    """Reference query log-probs from unpadded forwards of the initial model, right-aligned like the data cache."""
+    """Reference query log-probs from unpadded forwards of the initial model, right-aligned like the data cache;
+    `nll` (the summed NLL w(q) is made from) is set by hand: 3 and 5 nats give w = 4/3 and 0.8."""
 
     def __init__(self, model, prompts):
         with torch.no_grad():
             self.rows = [gather_token_logprobs(model(torch.tensor([p])).logits, torch.tensor([p]))[0] for p in prompts]
+        self.nll = torch.tensor([3.0, 5.0])
 
     def padded(self, query_index, width):
         out = torch.zeros(len(query_index), width)
@@ -36,44 +38,19 @@ class ReferenceLogprobs:
 
 def rollout_batch(model):
     """[prompt; response] rows: prompts left-padded to 5, responses right-padded to 4, on-policy sampling log-probs."""
-    prompt_length, response_length = 5, 4
-    rows, masks, response_masks = [], [], []
-    for i, response in enumerate(RESPONSES):
-        prompt = PROMPTS[i // 2]
-        rows.append(
-            [PAD] * (prompt_length - len(prompt)) + prompt + response + [PAD] * (response_length - len(response))
-        )
-        masks.append(
-            [0] * (prompt_length - len(prompt))
-            + [1] * (len(prompt) + len(response))
-            + [0] * (response_length - len(response))
-        )
-        response_masks.append([1] * len(response) + [0] * (response_length - len(response)))
-    sampling = torch.zeros(4, response_length)
+    logprobs = []
     with torch.no_grad():
         for i, response in enumerate(RESPONSES):
             full = torch.tensor([PROMPTS[i // 2] + response])
             logits = model(full).logits / TEMPERATURE
-            sampling[i, : len(response)] = gather_token_logprobs(logits, full)[0, -len(response) :]
-    return {
-        "input_ids": torch.tensor(rows),
-        "attention_mask": torch.tensor(masks),
-        "prompt_length": prompt_length,
-        "response_mask": torch.tensor(response_masks),
-        "sampling_logprobs": sampling,
-        "rewards": torch.tensor(REWARDS),
-        "group_index": torch.tensor([0, 0, 1, 1]),
-        "query_index": torch.tensor([0, 0, 1, 1]),
-        "query_weight": torch.tensor([1.5, 1.5, 0.5, 0.5]),
-        "truncated": torch.zeros(4, dtype=torch.bool),
-        "group_size": 2,
-    }
+            logprobs.append(gather_token_logprobs(logits, full)[0, -len(response) :].tolist())
+    return make_rollout(PROMPTS, RESPONSES, REWARDS, logprobs, pad_token_id=PAD)
 
 
 def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=(), estimator="token_k3"):
     """The ERPO loss from per-row unpadded forwards and the paper's formula (token-mean PG, w(q), α·Query-KL)."""
     advantages = obj.group_advantages(torch.tensor(REWARDS), 2, "grpo")
-    weights = [1.5, 1.5, 0.5, 0.5]
+    weights = obj.query_weights(reference.nll, reference.nll.mean()).repeat_interleave(2).tolist()
     pg_terms, tokens = 0.0, 0
     with torch.no_grad():
         for i, response in enumerate(RESPONSES):
@@ -98,8 +75,7 @@ def fit_one_batch(module, batch, steps=1, **trainer_kwargs):
         max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, **trainer_kwargs,
     )  # fmt: skip
-    loader = DataLoader([batch] * steps, batch_size=None, collate_fn=lambda b: b)
-    trainer.fit(module, train_dataloaders=loader)
+    trainer.fit(module, train_dataloaders=rollout_loader([batch] * steps))
     return trainer
 
 
@@ -136,7 +112,7 @@ def test_loss_matches_formula_at_step_zero(setup, estimator):
 def test_rows_masked_by_the_rollout_leave_the_loss(setup):
     """Overlong filtering zeroes a row's response mask: the loss must follow the batch's mask."""
     path, reference, batch, model = setup
-    batch["response_mask"][1] = 0
+    batch.response_mask[1] = 0
     module = make_module(path, reference, query_kl_coef=0.5)
     trainer = fit_one_batch(module, batch)
     expected_loss, _ = hand_loss(model, reference, 0.5, masked_rows=(1,))
@@ -167,7 +143,7 @@ def test_query_kl_zero_at_step_zero_then_logged_and_growing_for_grpo(setup):
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_nan_loss_is_handled_as_configured(setup, policy):
     path, reference, batch, _ = setup
-    batch["rewards"] = torch.tensor([float("nan"), 0.0, 0.0, 1.0])
+    batch.rewards = torch.tensor([float("nan"), 0.0, 0.0, 1.0])
     module = make_module(path, reference, nan_policy=policy)
     module.configure_model()
     before = {k: v.clone() for k, v in module.policy.state_dict().items()}
@@ -181,11 +157,30 @@ def test_nan_loss_is_handled_as_configured(setup, policy):
         assert torch.equal(value, before[key]), f"{key} changed although the step had a NaN loss"
 
 
-def test_current_policy_weights_released_code_option(setup):
-    """weight_source=current, weight_norm=batch, no clip: w(q) = mean NLL of the batch's queries / NLL(q)."""
+def test_reference_weights_are_logged_and_applied(setup):
+    """The paper's w(q) (reference NLL / its training-set mean, clipped) reaches the metrics, and the loss only when
+    use_query_weights is on."""
     path, reference, batch, model = setup
-    module = make_module(path, reference)
-    module.current_policy_weights, module.weight_norm, module.weight_clip = True, "batch", None
+    expected = torch.tensor([4 / 3, 0.8])  # 4 nats (the mean of 3 and 5) / NLL
+    for use in (True, False):
+        trainer = fit_one_batch(make_module(path, reference, use_query_weights=use, query_kl_coef=0.5), batch)
+        metrics = trainer.callback_metrics
+        assert metrics["train/query_weight_mean"].item() == pytest.approx(expected.mean().item(), rel=1e-6)
+        assert metrics["train/query_weight_max"].item() == pytest.approx(4 / 3, rel=1e-6)
+        applied, _ = hand_loss(model, reference, 0.5)
+        assert (metrics["train/loss"].item() == pytest.approx(applied, abs=1e-5)) == use
+    clipped = fit_one_batch(make_module(path, reference, query_weight_clip=(0.9, 1.2)), batch)
+    assert clipped.callback_metrics["train/query_weight_max"].item() == pytest.approx(1.2)
+    assert clipped.callback_metrics["train/query_weight_min"].item() == pytest.approx(0.9)
+
+
+def test_current_policy_weights_released_code_option(setup):
+    """query_weight_source=current, query_weight_norm=batch, no clip: w(q) = mean NLL of the step's queries / NLL(q)."""
+    path, reference, batch, model = setup
+    module = make_module(
+        path, reference, query_weight_source="current", query_weight_norm="batch", query_weight_clip="none"
+    )
+    assert module.algorithm.query_weight_clip is None
     trainer = fit_one_batch(module, batch)
     with torch.no_grad():
         nll = torch.stack([-r[1:].sum() for r in ReferenceLogprobs(model, PROMPTS).rows])  # θ0 = current at step 0
@@ -228,12 +223,12 @@ def test_the_erpo_preset_is_the_papers_form(setup):
         0.01,
         "token_mean",
     )
-    assert (algorithm.query_weight_mode, algorithm.query_kl_aggregation, algorithm.dual_clip) == (
-        "data",
-        "per_query",
-        None,
+    assert (algorithm.query_weight_source, algorithm.query_weight_norm, algorithm.query_weight_clip) == (
+        "reference",
+        "dataset",
+        (0.0, 2.0),
     )
-    assert not module.current_policy_weights and module.weight_clip == (0.0, 2.0)
+    assert (algorithm.query_kl_aggregation, algorithm.dual_clip, algorithm.advantage_eps) == ("per_query", None, 1e-6)
 
 
 def test_invalid_settings_are_refused_at_construction_before_any_model_load(tmp_path):
@@ -252,20 +247,12 @@ def test_invalid_settings_are_refused_at_construction_before_any_model_load(tmp_
         ERPOModule(missing, dual_clip=0.5)
     with pytest.raises(ValueError, match="needs model.query_kl_estimator 'token_k3'"):
         ERPOModule(missing, query_kl_aggregation="like_pg")
-
-
-def test_current_weights_with_dataset_norm_are_refused(setup, tmp_path, benchmarks_dir):
-    """data.weight_source=current with weight_norm=dataset mixes two definitions of s̄: refused at set-up."""
-    from erpo_lightning.data import QueryDataModule
-
-    path, _, batch, _ = setup
-    datamodule = QueryDataModule(
-        str(path), train=[{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 4}], template="plain",
-        batch_size=2, cache_dir=str(tmp_path / "cache"), weight_source="current",
-    )  # fmt: skip
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False)
-    with pytest.raises(ValueError, match="data.weight_norm 'batch'"):
-        trainer.fit(ERPOModule(str(path)), datamodule=datamodule)
+    with pytest.raises(ValueError, match="model.query_weight_source 'current' with query_weight_norm 'dataset'"):
+        ERPOModule(missing, query_weight_source="current")
+    with pytest.raises(ValueError, match="model.query_weight_clip must be"):
+        ERPOModule(missing, query_weight_clip=(2.0, 1.0))
+    with pytest.raises(ValueError, match="model.advantage_eps must be >= 0"):
+        ERPOModule(missing, advantage_eps=-1.0)
 
 
 def parity_reward(responses, golds):

@@ -133,7 +133,12 @@ def test_erpo_released_preset_fields():
         "like_pg",
         0.01,
     )
-    assert (released.kl_clamp_mode, released.kl_clamp, released.query_weight_mode) == ("value", 10.0, "current_batch")
+    assert (released.kl_clamp_mode, released.kl_clamp) == ("value", 10.0)
+    assert (released.query_weight_source, released.query_weight_norm, released.query_weight_clip) == (
+        "current",
+        "batch",
+        None,
+    )
     assert released.weight_decay == 0.01 and released.clip_low == 0.2 and released.clip_high is None
 
 
@@ -144,7 +149,7 @@ def test_module_erpo_released_loss_and_gradients_equal_the_restatement(tiny_mode
     shifted = copy.deepcopy(reference)
     shifted.rows = [row + 0.05 for row in reference.rows]
     batch = rollout_batch(tiny_model)
-    batch["response_mask"][1] = 0
+    batch.response_mask[1] = 0
     module = ERPOModule(
         str(tiny_model_path), algorithm="erpo_released", temperature=TEMPERATURE, learning_rate=1e-3,
         micro_batch_tokens=18, gradient_clip_norm=None,

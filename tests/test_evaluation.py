@@ -25,7 +25,8 @@ from erpo_lightning.evaluation import (
     result_rows,
     write_results,
 )
-from erpo_lightning.rollout import Sample
+from erpo_lightning.evaluation.sweep import declare_sweep_context
+from erpo_lightning.rollout import HFEngine, Sample, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.sampler import RolloutSampler
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
 
@@ -175,6 +176,16 @@ def test_runner_batches_by_temperature_and_k_and_grades():
     assert values["val/pass@k/four/T=0.2"].item() == pytest.approx(pass_at_k(4, 2, 2))
     assert values["val/pass@k/three"].item() == pytest.approx(1.0)
     assert metric.problems.sum().item() == 2 * 9
+
+
+def test_sweep_context_is_the_prompt_limit_plus_the_response_cap():
+    engine = VLLMEngine()
+    sampler = RolloutSampler(engine, exact_reward, SamplingSettings(max_new_tokens=30))
+    declare_sweep_context(sampler, None, SweepConfig(max_prompt_length=100, max_new_tokens=7))
+    assert engine.required_context == 107  # no datamodule: the sweep's own prompt limit and cap
+    declare_sweep_context(sampler, None, SweepConfig(max_prompt_length=90))
+    assert engine.required_context == 120  # no sweep cap: the rollout's 30; the longest declaration wins
+    declare_sweep_context(RolloutSampler(HFEngine(), exact_reward), None, SweepConfig())  # no fixed context: a no-op
 
 
 def test_missing_or_malformed_benchmark_is_named(tmp_path, benchmarks_dir):

@@ -50,8 +50,8 @@ def test_fit_survives_1500_nested_braces_and_counts_them(tiny_model_path):
 
     assert engine.injected and len(module.batches) == 2
     first = module.batches[0]
-    response = first["input_ids"][0, first["prompt_length"] :][first["response_mask"][0].bool()]
+    response = first.input_ids[0, first.prompt_length :][first.response_mask[0].bool()]
     assert response.tolist() == engine.hostile_ids  # the hostile response was trained on, as generated
-    assert first["rewards"][0] == 0.0  # too deep to grade: scored wrong, not raised
+    assert first.rewards[0] == 0.0  # too deep to grade: scored wrong, not raised
     assert recorder.too_deep == [1.0, 0.0]  # counted in the step that graded it (counters reset per step)
     assert all(torch.isfinite(p).all() for p in module.policy.parameters())

@@ -101,6 +101,12 @@ def fails_in_one_line(capsys, *args) -> str:
         (["--model.update_batch_size", "0"], "model.update_batch_size must be >= 1 (or null), got 0"),
         (["--ckpt_path", "no_such.ckpt"], "ckpt_path: no checkpoint at no_such.ckpt"),
         (["--ckpt_path", "last"], "ckpt_path: 'last' has nothing to resume"),
+        (
+            ["--model.query_weight_source", "current"],
+            "model.query_weight_source 'current' with query_weight_norm 'dataset'",
+        ),
+        (["--model.query_weight_clip", "[2.0, 1.0]"], "model.query_weight_clip must be [lo, hi] with 0 <= lo <= hi"),
+        (["--model.advantage_eps", "-1"], "model.advantage_eps must be >= 0"),
     ],
 )
 def test_bad_settings_fail_before_anything_loads(config, capsys, tmp_path, overrides, message):
@@ -139,6 +145,26 @@ def test_misspelt_top_level_key_is_named_with_the_closest_one(config, capsys, tm
     misspelt.write_text(yaml.safe_dump(content))
     line = fails_in_one_line(capsys, "fit", "--config", str(misspelt))
     assert line == f"erpo: error: {misspelt}: unknown top-level key 'modle'; did you mean 'model'?"
+
+
+@pytest.mark.parametrize(
+    ("old", "value", "new"),
+    [
+        ("weight_source", "current", "model.query_weight_source (reference | current"),
+        ("weight_norm", "batch", "model.query_weight_norm (dataset | batch)"),
+        ("weight_clip", None, "model.query_weight_clip ([lo, hi] or none)"),
+    ],
+)
+def test_a_moved_weight_setting_names_its_new_place(config, capsys, tmp_path, old, value, new):
+    """w(q)'s settings moved from `data` to the algorithm (`model`): an old config file or flag says where."""
+    content = yaml.safe_load(config.read_text())
+    content["data"][old] = value
+    legacy = tmp_path / "legacy.yaml"
+    legacy.write_text(yaml.safe_dump(content))
+    line = fails_in_one_line(capsys, "fit", "--config", str(legacy))
+    assert line.startswith(f"erpo: error: data.{old} has moved: w(q) is the algorithm's, set {new}"), line
+    flag = fails_in_one_line(capsys, "fit", "--config", str(config), f"--data.{old}={value}")
+    assert flag == line
 
 
 def test_debug_shows_the_traceback(config, monkeypatch):

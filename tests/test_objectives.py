@@ -15,6 +15,8 @@ def test_group_advantages_by_hand():
     grpo = obj.group_advantages(rewards, 4, "grpo")
     expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]) / torch.tensor([std + 1e-6] * 4 + [1.0] * 4)
     torch.testing.assert_close(grpo, expected)
+    trl_eps = obj.group_advantages(rewards, 4, "grpo", eps=1e-4)  # TRL's (model.advantage_eps: 1e-4)
+    assert trl_eps[0].item() == pytest.approx(0.5 / (std + 1e-4), rel=1e-6) and trl_eps[0] < grpo[0]
     torch.testing.assert_close(
         obj.group_advantages(rewards, 4, "dr_grpo"), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
     )
@@ -194,7 +196,7 @@ def test_query_weights_by_hand_and_invariants():
     random_nll = torch.rand(100) * 50 + 0.1
     weights = obj.query_weights(random_nll, random_nll.mean(), clip=(0.25, 1.5))
     assert weights.min() >= 0.25 and weights.max() <= 1.5
-    torch.testing.assert_close(obj.batch_query_weights(nll), 18.0 / nll)  # released code: batch mean, no clip
+    torch.testing.assert_close(obj.query_weights(nll, nll.mean(), None), 18.0 / nll)  # released: batch mean, no clip
     assert obj.query_weights(torch.tensor([0.0]), 5.0).item() == 2.0
 
 

@@ -47,7 +47,9 @@ class RecordQueries(L.Callback):
         query_of_prompt = {tuple(ids): q.query_id for ids, q in zip(data.prompt_ids, data.queries, strict=True)}
         generated = [query_of_prompt[prompt] for prompt in self.engine.prompts]
         self.engine.prompts.clear()
-        self.steps.append((trainer.global_step, generated, list(batch["query_id"]), batch["input_ids"].tolist()))
+        rollout = batch.rollout
+        trained = [data.queries[i].query_id for i in rollout.query_index[rollout.is_group_leader].tolist()]
+        self.steps.append((trainer.global_step, generated, trained, rollout.input_ids.tolist()))
 
 
 def run(model_path, data_file, root, max_steps, ckpt_path=None, num_queries=NUM_QUERIES):

@@ -1,5 +1,6 @@
 """The README's code examples run as written."""
 
+import json
 import re
 from pathlib import Path
 
@@ -31,13 +32,19 @@ def test_readme_has_exactly_two_commands_in_its_quickstart():
     assert lines == ["make quickstart", "make test"]
 
 
-def test_toy_study_figures_quoted_in_the_readme_are_the_reports():
+def test_toy_study_claims_quoted_in_the_readme_are_the_shipped_claims():
     section = README.read_text().split("## What ERPO does, measured", 1)[1].split("\n## ", 1)[0]
     report = (README.parent / "docs" / "toy_study.md").read_text()
+    claims = json.loads((README.parent / "docs" / "toy_study_claims.json").read_text())["claims"]
     assert "](docs/toy_study.md)" in section
-    quoted = re.findall(r"\d[\d.]* ± [\d.]+", section)
-    assert len(quoted) >= 8, quoted  # the section quotes its numbers from the report ...
-    missing = [figure for figure in quoted if figure not in report]
-    assert not missing, f"README quotes numbers the report does not have: {missing}"  # ... and only those
+    items = [" ".join(item.split()) for item in re.split(r"\n(?=- )|\n\n", section)]  # bullets, paragraphs
+    quoted = [claim for claim in claims if any(claim["text"] in item for item in items)]
+    assert len(quoted) >= 4, "the section should state the study's claims in the report's words"
+    for claim in quoted:  # each quoted claim carries its k of n seeds and its median paired value
+        line = next(item for item in items if claim["text"] in item)
+        assert f"{claim['k']} of {claim['n']} seeds" in line, (claim["key"], line)
+        assert claim["median"] is None or f"{claim['median']:.3g}" in line, (claim["key"], line)
+    figures = re.findall(r"\d[\d.]* ± [\d.]+", section)
+    assert not [figure for figure in figures if figure not in report], "README quotes numbers the report lacks"
     minutes = re.search(r"\(([\d.]+) min on 2 CPU cores\)", section).group(1)
     assert f"time: {minutes} min" in report

@@ -27,7 +27,9 @@ class RecordQueriesAndMetrics(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         metrics = {name: float(trainer.callback_metrics[name]) for name in LOGGED}
-        self.steps.append((trainer.global_step, batch["query_id"], batch["input_ids"].tolist(), metrics))
+        rollout, queries = batch.rollout, trainer.datamodule.data.queries
+        trained = [queries[i].query_id for i in rollout.query_index[rollout.is_group_leader].tolist()]
+        self.steps.append((trainer.global_step, trained, rollout.input_ids.tolist(), metrics))
 
 
 def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0):

@@ -1,8 +1,12 @@
 """Batch assembly, overlong shaping and group filtering, checked against tensors written out by hand."""
 
+from dataclasses import fields, replace
+
 import torch
+from batches import make_rollout
 
 from erpo_lightning.rollout import Sample, assemble_batch, informative_groups, overlong_penalty
+from erpo_lightning.rollout.batch import RolloutBatch
 
 PAD = 0
 
@@ -18,7 +22,6 @@ def test_assemble_batch_matches_hand_built():
         samples,
         torch.tensor([1.0, 0.0, 0.5, 0.25]),
         query_index=torch.tensor([7, 3]),
-        query_weight=torch.tensor([1.5, 0.5]),
         pad_token_id=PAD,
     )
     # P = 3 (left-padded prompts), R = 3 (right-padded responses); rows b·G + g.
@@ -38,21 +41,33 @@ def test_assemble_batch_matches_hand_built():
             [0, 0, 1, 1, 1, 0],
         ]
     )
-    assert torch.equal(batch["input_ids"], expected_ids)
-    assert torch.equal(batch["attention_mask"], expected_attention)
-    assert batch["prompt_length"] == 3
-    assert batch["group_size"] == 2
-    # The first real prompt token has no context, so no log-prob: it is left out of the query mask.
-    assert torch.equal(batch["query_mask"], torch.tensor([[0, 1, 1], [0, 1, 1], [0, 0, 0], [0, 0, 0]]))
-    assert torch.equal(batch["response_mask"], torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]]))
+    assert torch.equal(batch.input_ids, expected_ids)
+    assert torch.equal(batch.attention_mask, expected_attention)
+    assert batch.prompt_length == 3
+    assert batch.group_size == 2
+    assert torch.equal(batch.response_mask, torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]]))
     expected_logprobs = torch.tensor([[-0.1, -0.2, 0.0], [-0.3, 0.0, 0.0], [-0.4, -0.5, -0.6], [-0.7, -0.8, 0.0]])
-    assert torch.equal(batch["sampling_logprobs"], expected_logprobs)
-    assert torch.equal(batch["rewards"], torch.tensor([1.0, 0.0, 0.5, 0.25]))
-    assert torch.equal(batch["group_index"], torch.tensor([0, 0, 1, 1]))
-    assert torch.equal(batch["query_index"], torch.tensor([7, 7, 3, 3]))
-    assert torch.equal(batch["query_weight"], torch.tensor([1.5, 1.5, 0.5, 0.5]))
-    assert torch.equal(batch["truncated"], torch.tensor([False, False, True, False]))
-    assert batch["input_ids"].dtype == batch["group_index"].dtype == batch["query_index"].dtype == torch.long
+    assert torch.equal(batch.sampling_logprobs, expected_logprobs)
+    assert torch.equal(batch.rewards, torch.tensor([1.0, 0.0, 0.5, 0.25]))
+    assert torch.equal(batch.query_index, torch.tensor([7, 7, 3, 3]))
+    assert torch.equal(batch.truncated, torch.tensor([False, False, True, False]))
+    assert torch.equal(batch.is_group_leader, torch.tensor([True, False, True, False]))
+    assert batch.input_ids.dtype == batch.query_index.dtype == torch.long
+    assert batch.advantages is None and batch.old_logprobs is None and batch.query_weights is None
+
+
+def test_select_rows_slices_every_row_field_and_keeps_the_rest():
+    batch = make_rollout([[1, 2], [3]], [[4], [5, 6], [7], [8, 9, 10]], [1.0, 0.0, 0.0, 1.0], query_index=[5, 9])
+    batch = replace(batch, advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]), old_logprobs=batch.sampling_logprobs + 1)
+    rows = torch.tensor([1, 2])
+    part = batch.select_rows(rows)
+    for field in fields(RolloutBatch):
+        value = getattr(batch, field.name)
+        if torch.is_tensor(value):
+            assert torch.equal(getattr(part, field.name), value[rows]), field.name
+        else:
+            assert getattr(part, field.name) == value, field.name
+    assert part.is_group_leader.tolist() == [False, True] and part.query_index.tolist() == [5, 9]
 
 
 def test_overlong_penalty_is_dapo_soft_punishment():

@@ -1,14 +1,18 @@
 """RolloutCallback inside a real Trainer.fit on the tiny model, with Hugging Face generate and with real vLLM."""
 
+import copy
+
 import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from erpo_lightning.callbacks import RolloutCallback
+from erpo_lightning.data import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.rollout import HFEngine, VLLMEngine
+from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
 
 TEMPERATURE = 0.8
@@ -55,14 +59,15 @@ class PolicyModule(pl.LightningModule):
         super().__init__()
         self.policy = load_tiny_model(path).train()
         self.policy_version = 0
-        self.batches: list[dict] = []
+        self.batches: list[RolloutBatch] = []
 
-    def training_step(self, batch, batch_idx):
-        self.batches.append({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
-        width_p = batch["prompt_length"]
-        logprobs = sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], TEMPERATURE)[:, width_p:]
-        advantages = batch["rewards"] - batch["rewards"].mean()
-        mask = batch["response_mask"]
+    def training_step(self, batch: QueryBatch, batch_idx):
+        rollout = batch.rollout
+        self.batches.append(copy.deepcopy(rollout))
+        width_p = rollout.prompt_length
+        logprobs = sequence_logprobs(self.policy, rollout.input_ids, rollout.attention_mask, TEMPERATURE)[:, width_p:]
+        advantages = rollout.rewards - rollout.rewards.mean()
+        mask = rollout.response_mask
         return -(advantages[:, None] * logprobs * mask).sum() / mask.sum() + 0.1 * (logprobs * mask).mean()
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -73,30 +78,26 @@ class PolicyModule(pl.LightningModule):
 
 
 def query_loader(golds: list[str], batch_size: int) -> DataLoader:
-    """Batches shaped like QueryDataModule's (query_index, query_id, prompt_ids, answers, query_weight), in file order
-    from its query stream (which dynamic-sampling refills draw from)."""
+    """`QueryBatch`es like QueryDataModule's, in file order from its query stream (which dynamic-sampling refills draw
+    from); `loader.dataset[i]` is query i's `prompt_ids` and `answers`."""
     tokenizer = build_byte_tokenizer()
     items = [
         {
             "query_index": i,
-            "query_id": f"q{i}",
             "prompt_ids": tokenizer.apply_chat_template(
                 [{"role": "user", "content": "question " * (i % 3) + str(i)}], add_generation_prompt=True
             )["input_ids"],
             "answers": gold,
-            "query_weight": 1.0 + i / 10,
         }
         for i, gold in enumerate(golds)
     ]
 
     def collate(rows):
-        return {
-            "query_index": torch.tensor([r["query_index"] for r in rows]),
-            "query_id": [r["query_id"] for r in rows],
-            "prompt_ids": [r["prompt_ids"] for r in rows],
-            "answers": [r["answers"] for r in rows],
-            "query_weight": torch.tensor([r["query_weight"] for r in rows]),
-        }
+        return QueryBatch(
+            torch.tensor([r["query_index"] for r in rows]),
+            [r["prompt_ids"] for r in rows],
+            [r["answers"] for r in rows],
+        )
 
     return DataLoader(items, batch_sampler=QueryBatchSampler(len(items), batch_size, shuffle=False), collate_fn=collate)
 
@@ -127,21 +128,20 @@ def fit(path, engine, loader, steps: int, **callback_kwargs):
     return module, trainer
 
 
-def check_rollout_batch(batch: dict, tokenizer, reward: ParityReward) -> None:
-    """The rollout keys agree with each other and with the per-query keys they came from."""
-    n = len(batch["prompt_ids"]) * GROUP_SIZE
-    width_p = batch["prompt_length"]
-    assert batch["input_ids"].shape[0] == n and batch["group_size"] == GROUP_SIZE
-    assert torch.equal(batch["group_index"], torch.arange(n // GROUP_SIZE).repeat_interleave(GROUP_SIZE))
+def check_rollout_batch(batch: RolloutBatch, queries, tokenizer, reward: ParityReward, num_queries: int = 2) -> None:
+    """The rollout's rows agree with each other and with the queries (`queries[i]`: prompt_ids, answers) they answer."""
+    n = num_queries * GROUP_SIZE
+    width_p = batch.prompt_length
+    assert batch.num_rows == n and batch.group_size == GROUP_SIZE
+    assert torch.equal(batch.is_group_leader, torch.arange(n) % GROUP_SIZE == 0)
     for row in range(n):
-        query = batch["group_index"][row].item()
-        prompt = batch["prompt_ids"][query]
-        assert batch["input_ids"][row, width_p - len(prompt) : width_p].tolist() == prompt
-        assert batch["query_index"][row] == batch["query_index"][query * GROUP_SIZE]
-        assert batch["query_id"][query] == f"q{batch['query_index'][row].item()}"
-        response = batch["input_ids"][row, width_p:][batch["response_mask"][row].bool()].tolist()
+        query = queries[batch.query_index[row].item()]
+        prompt = query["prompt_ids"]
+        assert batch.input_ids[row, width_p - len(prompt) : width_p].tolist() == prompt
+        assert batch.query_index[row] == batch.query_index[row - row % GROUP_SIZE]
+        response = batch.input_ids[row, width_p:][batch.response_mask[row].bool()].tolist()
         text = tokenizer.decode(response, skip_special_tokens=True)
-        assert batch["rewards"][row] == reward([text], [batch["answers"][query]])[0]
+        assert batch.rewards[row] == reward([text], [query["answers"]])[0]
 
 
 def test_fit_with_hf_engine_attaches_batch_and_logs(tiny_model_path):
@@ -150,8 +150,8 @@ def test_fit_with_hf_engine_attaches_batch_and_logs(tiny_model_path):
     tokenizer = build_byte_tokenizer()
     assert len(module.batches) == 2
     for batch in module.batches:
-        check_rollout_batch(batch, tokenizer, ParityReward())
-    assert module.batches[1]["query_index"].unique().tolist() == [2, 3]
+        check_rollout_batch(batch, loader.dataset, tokenizer, ParityReward())
+    assert module.batches[1].query_index.unique().tolist() == [2, 3]
     metrics = trainer.callback_metrics
     assert all(f"rollout/{name}" in metrics for name in METRICS)
     assert metrics["rollout/logprob_abs_diff"] < 1e-4
@@ -163,10 +163,11 @@ def test_dynamic_sampling_keeps_only_informative_groups(tiny_model_path):
     module, trainer = fit(tiny_model_path, HFEngine(), loader, steps=2, dynamic_sampling=True, max_refill_rounds=6)
     tokenizer = build_byte_tokenizer()
     for batch in module.batches:
-        check_rollout_batch(batch, tokenizer, ParityReward())
-        assert batch["answers"] == ["parity", "parity"]
-        assert len(set(batch["query_id"])) == 2
-        grouped = batch["rewards"].view(-1, GROUP_SIZE)
+        check_rollout_batch(batch, loader.dataset, tokenizer, ParityReward())
+        queries = batch.query_index[batch.is_group_leader].tolist()
+        assert [loader.dataset[q]["answers"] for q in queries] == ["parity", "parity"]
+        assert len(set(queries)) == 2
+        grouped = batch.rewards.view(-1, GROUP_SIZE)
         assert (grouped != grouped[:, :1]).any(dim=1).all()
     assert trainer.callback_metrics["rollout/refill_rounds"] >= 1
     assert trainer.callback_metrics["rollout/zero_variance_groups"] >= 0.5
@@ -177,10 +178,10 @@ def test_overlong_filter_masks_truncated_responses(tiny_model_path):
     loader = query_loader(["parity"] * 4, batch_size=2)
     module, _ = fit(tiny_model_path, HFEngine(), loader, steps=1, overlong_filter=True, overlong_buffer=4)
     batch = module.batches[0]
-    assert batch["truncated"].any()
-    assert batch["response_mask"][batch["truncated"]].sum() == 0
+    assert batch.truncated.any()
+    assert batch.response_mask[batch.truncated].sum() == 0
     # Truncated responses have the full 12 tokens: the buffer of 4 gives them the maximum penalty, -1.
-    raw = batch["rewards"][batch["truncated"]] + 1.0
+    raw = batch.rewards[batch.truncated] + 1.0
     assert ((raw == 0.0) | (raw == 1.0)).all()
 
 
@@ -193,13 +194,48 @@ def test_fit_with_vllm_engine_syncs_weights_every_step(tiny_model_path):
     assert torch.get_num_threads() == threads
     tokenizer = build_byte_tokenizer()
     for batch in module.batches:
-        check_rollout_batch(batch, tokenizer, ParityReward())
+        check_rollout_batch(batch, loader.dataset, tokenizer, ParityReward())
     # After two optimizer steps the engine samples from the trained weights, not the checkpoint it was built from.
     assert trainer.callback_metrics["rollout/logprob_abs_diff"] < 1e-4
     assert trainer.callback_metrics["rollout/weight_sync_ms"] > 0
     last = module.batches[-1]
     with torch.no_grad():
         original = load_tiny_model(tiny_model_path)
-        stale = sequence_logprobs(original, last["input_ids"], last["attention_mask"], TEMPERATURE)
-    diff = (stale[:, last["prompt_length"] :] - last["sampling_logprobs"]).abs()[last["response_mask"].bool()]
+        stale = sequence_logprobs(original, last.input_ids, last.attention_mask, TEMPERATURE)
+    diff = (stale[:, last.prompt_length :] - last.sampling_logprobs).abs()[last.response_mask.bool()]
     assert diff.mean() > 1e-3
+
+
+class FixedContextEngine(HFEngine):
+    """Hugging Face generate behind a context fixed when the engine is built, as VLLMEngine's `max_model_len` is:
+    it takes `require_context` declarations (the `engine.declare_context` protocol) until `setup`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.declared = 0
+        self.context_at_setup: int | None = None
+
+    def require_context(self, tokens: int) -> None:
+        self.declared = max(self.declared, tokens)
+
+    def setup(self, policy, tokenizer) -> None:
+        self.context_at_setup = self.declared
+        super().setup(policy, tokenizer)
+
+
+def test_engine_is_told_the_longest_rollout_before_it_is_built(tiny_model_path, benchmarks_dir, tmp_path):
+    """on_fit_start declares data.max_prompt_length + rollout.max_new_tokens to the engine, before its setup."""
+    engine = FixedContextEngine()
+    datamodule = QueryDataModule(
+        str(tiny_model_path), train=[{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 4}], template="plain",
+        max_prompt_length=700, batch_size=2, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    callback = RolloutCallback(
+        engine, ParityReward(), group_size=GROUP_SIZE, temperature=TEMPERATURE, max_new_tokens=12
+    )
+    trainer = pl.Trainer(
+        max_steps=1, accelerator="cpu", callbacks=[callback], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(PolicyModule(str(tiny_model_path)), datamodule=datamodule)
+    assert engine.context_at_setup == 700 + 9

@@ -171,3 +171,24 @@ def test_compare_confirms_a_study_with_itself_and_flags_a_claim_a_rerun_breaks(q
     lines = changed.stdout.splitlines()
     assert any(line.startswith("not held     query_kl.erpo:") for line in lines), changed.stdout
     assert sum(line.startswith("not held") for line in lines) == 1, changed.stdout
+
+
+@pytest.mark.slow
+def test_report_only_rewrites_the_same_claims_from_the_runs_and_trains_nothing(quick_study, tmp_path):
+    workdir = quick_study.parents[1]
+    claims_file = quick_study / "toy_study_claims.json"
+    before = json.loads(claims_file.read_text())["claims"]
+    logs = sorted(quick_study.glob("*/seed*/fit.log"))
+    mtimes = [log.stat().st_mtime for log in logs]
+    claims_file.unlink()
+    command = [*STUDY, "--quick", "--workdir", str(workdir), "--methods", *QUICK_METHODS, "--report-only"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert f"report rewritten from {len(QUICK_METHODS)} runs" in result.stdout
+    assert json.loads(claims_file.read_text())["claims"] == before
+    assert [log.stat().st_mtime for log in logs] == mtimes  # no run was retrained
+
+    copy_quickstart_inputs(tmp_path)
+    empty = subprocess.run([*STUDY, "--quick", "--workdir", str(tmp_path), "--report-only"], capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert empty.returncode != 0 and "no toy-study runs under" in empty.stderr

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, save_tiny_model
 
@@ -171,8 +172,10 @@ def our_loss(trainer, inputs: dict, old: torch.Tensor, case: Case) -> torch.Tens
 
 
 def module_loss(trainer, inputs: dict, old: torch.Tensor, case: Case) -> torch.Tensor:
-    """The same through `objectives.rl_loss`, the composition the module runs (Query-KL off: TRL has none)."""
-    settings = obj.LossSettings(
+    """The same through `objectives.rl_loss`, the composition the module runs (Query-KL off: TRL has none), with
+    the advantages as the module makes them from its `Algorithm` (`model.advantage_eps: 1e-4`, TRL's)."""
+    settings = Algorithm(
+        advantage_estimator=case.estimator, advantage_eps=TRL_ADVANTAGE_EPS, use_query_weights=False,
         loss_aggregation=case.aggregation, clip_low=0.2, clip_high=case.epsilon_high, dual_clip=case.delta,
         query_kl_coef=0.0, policy_kl_coef=case.beta, policy_kl_kind="k3",
     )  # fmt: skip
@@ -181,7 +184,9 @@ def module_loss(trainer, inputs: dict, old: torch.Tensor, case: Case) -> torch.T
     if case.beta > 0:
         with torch.no_grad():
             ref_lp, _ = response_logprobs(trainer.ref_model, inputs)
-    advantages = obj.group_advantages(torch.tensor(REWARDS), GROUP_SIZE, case.estimator, eps=TRL_ADVANTAGE_EPS)
+    advantages = obj.group_advantages(
+        torch.tensor(REWARDS), GROUP_SIZE, settings.advantage_estimator, eps=settings.advantage_eps
+    )
     is_leader = torch.arange(len(REWARDS)) % GROUP_SIZE == 0
     loss, _ = obj.rl_loss(
         settings, response_lp, old, advantages, mask, query_lp, query_lp.detach(), query_mask, is_leader,

@@ -1,9 +1,7 @@
 """RolloutCallback: before every training step, sample G responses per query, score them, attach the batch.
 
-The datamodule's batch dict is rewritten in place: the per-row keys of `erpo_lightning.rollout.assemble_batch`
-are added (`query_index` and `query_weight` become per row, [N]); every other key of the datamodule batch stays per
-query, reindexed to the B kept queries in group order (row i belongs to query `group_index[i]`). Metrics are logged
-under `rollout/`.
+The step's `QueryBatch` gets its `rollout`: the `RolloutBatch` of the B kept queries (with dynamic sampling, not
+necessarily the loader's B), on the module's device. Metrics are logged under `rollout/`.
 """
 
 from __future__ import annotations
@@ -18,11 +16,20 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
+from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.rewards.protocol import Reward
-from erpo_lightning.rollout.batch import assemble_batch, informative_groups, overlong_penalty
-from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings, eval_mode, pad_token_id, rollout_seed
+from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch, informative_groups, overlong_penalty
+from erpo_lightning.rollout.engine import (
+    RolloutEngine,
+    Sample,
+    SamplingSettings,
+    declare_context,
+    eval_mode,
+    pad_token_id,
+    rollout_seed,
+)
 from erpo_lightning.rollout.sampler import RolloutSampler
 
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
@@ -49,9 +56,10 @@ def check_rollout_settings(settings: Mapping[str, Any]) -> None:
 
 @dataclass
 class _Group:
-    """One query (its entry under every key of the datamodule batch) and its G scored samples."""
+    """One query (its dataset row, prompt and gold answer) and its G scored samples."""
 
-    query: dict[str, Any]
+    query_index: int
+    prompt_ids: list[int]
     samples: list[Sample]
     rewards: torch.Tensor  # [G] after overlong shaping: what the advantages see
     correct: torch.Tensor  # [G] bool, raw reward at least the correct threshold
@@ -149,7 +157,13 @@ class RolloutCallback(pl.Callback):
         self._timing = {"tokens": 0, "seconds": 0.0}
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists)."""
+        """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists).
+
+        An engine that fixes its context when built is first told the longest sequence of a rollout: the
+        datamodule's `max_prompt_length` + `max_new_tokens` (`engine.declare_context`).
+        """
+        if isinstance(trainer.datamodule, QueryDataModule):
+            declare_context(self.sampler.engine, trainer.datamodule.max_prompt_length + self.settings.max_new_tokens)
         self.sampler.setup(pl_module.policy)
         self._synced_version = None
         self._rank = trainer.global_rank
@@ -160,9 +174,9 @@ class RolloutCallback(pl.Callback):
             query_stream(trainer.train_dataloader)
 
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: dict[str, Any], batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: QueryBatch, batch_idx: int
     ) -> None:
-        """Replace the query batch by the rollout batch (in place), syncing engine weights first if needed."""
+        """Attach the step's rollout batch to `batch.rollout`, syncing engine weights first if needed."""
         metrics: dict[str, float] = {}
         engine = self.sampler.engine
         engine.wake_up()
@@ -175,28 +189,25 @@ class RolloutCallback(pl.Callback):
         groups, generated, rounds = self._collect_groups(trainer, batch)
         engine.sleep()
 
-        queries = {key: _stack([g.query[key] for g in groups]) for key in groups[0].query}
         rollout = assemble_batch(
-            queries["prompt_ids"],
+            [g.prompt_ids for g in groups],
             [g.samples for g in groups],
             torch.cat([g.rewards for g in groups]),
-            queries["query_index"],
-            queries["query_weight"],
+            torch.tensor([g.query_index for g in groups]),
             pad_token_id(self.sampler.tokenizer),
         )
         if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
             metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
         if self.overlong_filter:
-            rollout["response_mask"][rollout["truncated"]] = 0
+            rollout.response_mask[rollout.truncated] = 0
         self._steps += 1
 
         metrics.update(self._generation_metrics(generated))
         if self.dynamic_sampling:
             metrics["refill_rounds"] = float(rounds)
-            indices = [int(g.query["query_index"]) for g in generated]
+            indices = [g.query_index for g in generated]
             metrics["repeated_queries"] = float(len(indices) - len(set(indices)))
-        for key, value in {**queries, **rollout}.items():
-            batch[key] = value.to(pl_module.device) if isinstance(value, torch.Tensor) else value
+        batch.rollout = rollout.to(pl_module.device)
         pl_module.log_dict(
             {f"rollout/{name}": value for name, value in metrics.items()},
             on_step=True,
@@ -211,7 +222,7 @@ class RolloutCallback(pl.Callback):
         self._calls = state_dict["calls"]
         self._steps = state_dict["steps"]
 
-    def _collect_groups(self, trainer: pl.Trainer, batch: dict[str, Any]) -> tuple[list[_Group], list[_Group], int]:
+    def _collect_groups(self, trainer: pl.Trainer, batch: QueryBatch) -> tuple[list[_Group], list[_Group], int]:
         """The B groups to train on, every group generated this step, and the number of refill rounds."""
         groups = self._generate_groups(batch)
         if not self.dynamic_sampling:
@@ -232,18 +243,18 @@ class RolloutCallback(pl.Callback):
         kept += [g for g in generated if not g.informative][: max(0, wanted - len(kept))]
         return kept[:wanted], generated, rounds
 
-    def _next_refill_batch(self, trainer: pl.Trainer) -> dict[str, Any]:
+    def _next_refill_batch(self, trainer: pl.Trainer) -> QueryBatch:
         """The batch of the next unused training queries, drawn from the loader's query stream (`refill()`)."""
         loader = trainer.train_dataloader
         return loader.collate_fn([loader.dataset[i] for i in query_stream(loader).refill()])
 
-    def _generate_groups(self, batch: dict[str, Any]) -> list[_Group]:
+    def _generate_groups(self, batch: QueryBatch) -> list[_Group]:
         """Sample G responses for each query of `batch` and score them."""
         seed = None if self.seed is None else rollout_seed(self.seed, self._calls, self._rank)
         self._calls += 1
-        prompts = [list(ids) for ids in batch["prompt_ids"]]
+        prompts = [list(ids) for ids in batch.prompt_ids]
         graded = self.sampler.sample_and_grade(
-            prompts, list(batch["answers"]), self.settings.n, self.settings.temperature, seed
+            prompts, list(batch.answers), self.settings.n, self.settings.temperature, seed
         )
         self._timing["seconds"] += graded.generate_s
         lengths = graded.lengths
@@ -253,7 +264,8 @@ class RolloutCallback(pl.Callback):
         informative = informative_groups(graded.rewards.flatten(), self.settings.n).tolist()
         return [
             _Group(
-                {key: value[b].cpu() if isinstance(value, torch.Tensor) else value[b] for key, value in batch.items()},
+                int(batch.query_index[b]),
+                prompts[b],
                 graded.samples[b],
                 shaped[b],
                 graded.correct[b],
@@ -283,24 +295,24 @@ class RolloutCallback(pl.Callback):
         return metrics
 
     @torch.no_grad()
-    def _logprob_abs_diff(self, policy: torch.nn.Module, rollout: dict[str, Any], device: torch.device) -> float:
+    def _logprob_abs_diff(self, policy: torch.nn.Module, rollout: RolloutBatch, device: torch.device) -> float:
         """Mean |engine log-prob − policy log-prob| over the sampled response tokens, at the sampling temperature."""
-        width_p = rollout["prompt_length"]
+        width_p = rollout.prompt_length
         # Greedy engines report untempered log-probs.
         temperature = self.settings.temperature or 1.0
         total, count = 0.0, 0
         size = self.logprob_check_micro_batch_size
         with eval_mode(policy):
-            for start in range(0, rollout["input_ids"].shape[0], size):
+            for start in range(0, rollout.num_rows, size):
                 rows = slice(start, start + size)
                 logprobs = sequence_logprobs(
                     policy,
-                    rollout["input_ids"][rows].to(device),
-                    rollout["attention_mask"][rows].to(device),
+                    rollout.input_ids[rows].to(device),
+                    rollout.attention_mask[rows].to(device),
                     temperature,
                 )[:, width_p:].cpu()
-                mask = rollout["response_mask"][rows].bool()
-                total += (logprobs - rollout["sampling_logprobs"][rows]).abs()[mask].sum().item()
+                mask = rollout.response_mask[rows].bool()
+                total += (logprobs - rollout.sampling_logprobs[rows]).abs()[mask].sum().item()
                 count += int(mask.sum())
         return total / max(count, 1)
 
@@ -319,8 +331,3 @@ def query_stream(loader: Any) -> QueryBatchSampler:
             f"must be a QueryBatchSampler (QueryDataModule's), got {type(sampler or loader).__name__}"
         )
     return sampler
-
-
-def _stack(values: list[Any]) -> torch.Tensor | list[Any]:
-    """Per-query entries back into one batch entry: a tensor if they are tensors, else a list."""
-    return torch.stack(values) if isinstance(values[0], torch.Tensor) else values

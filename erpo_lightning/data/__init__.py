@@ -1,12 +1,9 @@
-"""Training data for RLVR: sources, prompt templates, the frozen-reference query score cache, per-query weights.
+"""Training data for RLVR: sources, prompt templates, and the frozen-reference query log-prob cache.
 
-A training batch (what `QueryDataModule.train_dataloader` yields) is a dict:
-    query_index   LongTensor [B]    row of each query in the dataset and in the reference cache
-    query_id      list[str]         stable ids ("<source label>/<id or content hash>")
-    prompt_ids    list[list[int]]   unpadded prompt token ids, template applied
-    answers       list[str]         gold answers, as the source gives them
-    query_weight  FloatTensor [B]   ERPO's w(q) (1.0 when weight_source is "current" or "none")
-    ref_query_nll FloatTensor [B]   -ℓθ0(q), the summed reference NLL of the query's scored tokens (nats)
+A training batch (what `QueryDataModule.train_dataloader` yields) is a `erpo_lightning.rollout.batch.QueryBatch`:
+`query_index` [B] (the row of each query in the dataset and in the reference cache), `prompt_ids` (unpadded, template
+applied) and `answers` (gold answers as the source gives them). The cache (`ReferenceLogprobCache`) holds the
+reference's per-token query log-probs and summed NLL -ℓθ0(q), from which the LightningModule makes Query-KL and w(q).
 """
 
 from erpo_lightning.data.cache import CacheCorruptError, ReferenceLogprobCache

@@ -1,8 +1,8 @@
-"""`QueryDataModule`: streams training queries with their cached reference scores and ERPO weights w(q).
+"""`QueryDataModule`: streams training queries (`QueryBatch`) and serves their cached reference log-probs.
 
 On `setup("fit")` it loads and validates the sources, renders the prompts, and loads the reference score cache, or
 computes it (sharded across the trainer's ranks) when it is missing. The LightningModule takes `datamodule.cache`
-and reads per-token reference log-probs from it during training (`ReferenceLogprobCache.padded`).
+and reads per-token reference log-probs (`ReferenceLogprobCache.padded`) and, for w(q), the reference NLL from it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import sys
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -29,10 +28,8 @@ from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
-from erpo_lightning.objectives import batch_query_weights, query_weights
+from erpo_lightning.rollout.batch import QueryBatch
 
-WeightSource = Literal["reference", "current", "none"]
-WeightNorm = Literal["dataset", "batch"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_CACHE_ROOT = cache_home() / "reference"
 
@@ -57,7 +54,7 @@ def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
 
 
 class QueryDataModule(LightningDataModule):
-    """Training queries for RLVR with ERPO's reference scores and per-query weights.
+    """Training queries for RLVR with ERPO's frozen-reference query log-probs (the weights w(q) are the module's).
 
     Args:
         model_path: local directory or Hub id of the initial policy: its tokenizer renders the prompts and its
@@ -81,11 +78,6 @@ class QueryDataModule(LightningDataModule):
         cache_max_tokens, cache_batch_size, cache_chunk_size: see `LogprobBatching`.
         cache_engine: "transformers" (a forward with `logprobs.sequence_logprobs`, what the trainer uses) or "vllm"
             (the engine's `prompt_logprobs`; needs vLLM installed; equal to ~1e-6 in float32).
-        weight_source: "reference" (the paper: w from the cached reference NLL), "current" (the released code: the
-            LightningModule computes w from the current policy; batches carry 1.0) or "none" (w = 1).
-        weight_norm: normalise the NLL by its mean over the whole training set ("dataset", the paper) or over the
-            batch ("batch", the released code).
-        weight_clip: [lo, hi] clip of w, or None (the released code does not clip).
     """
 
     def __init__(
@@ -111,13 +103,8 @@ class QueryDataModule(LightningDataModule):
         cache_batch_size: int = 64,
         cache_chunk_size: int = 512,
         cache_engine: Literal["transformers", "vllm"] = "transformers",
-        weight_source: WeightSource = "reference",
-        weight_norm: WeightNorm = "dataset",
-        weight_clip: Sequence[float] | None = (0.0, 2.0),
     ) -> None:
         super().__init__()
-        if weight_source not in ("reference", "current", "none") or weight_norm not in ("dataset", "batch"):
-            raise ValueError(f"weight_source {weight_source!r} / weight_norm {weight_norm!r} not understood")
         self.save_hyperparameters()
         self.model_path = model_path
         self.sources = list(train or [])
@@ -127,12 +114,9 @@ class QueryDataModule(LightningDataModule):
         self.cache_dir, self.cache_force = cache_dir, cache_force
         self.cache_dtype, self.cache_device, self.cache_engine = cache_dtype, cache_device, cache_engine
         self.score_settings = LogprobBatching(cache_max_tokens, cache_batch_size, cache_chunk_size)
-        self.weight_source, self.weight_norm = weight_source, weight_norm
-        self.weight_clip = tuple(weight_clip) if weight_clip is not None else None
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.data: PreparedQueries | None = None
         self.cache: ReferenceLogprobCache | None = None
-        self.query_weight: torch.Tensor | None = None
         self.batch_sampler: QueryBatchSampler | None = None
         self.cache_digest: str | None = None  # fingerprint of the reference scores in use, saved in checkpoints
         self._resume_position: dict | None = None  # from a checkpoint, used by the next train_dataloader()
@@ -162,38 +146,20 @@ class QueryDataModule(LightningDataModule):
             self.attach_cache(self.build_or_load_cache(strategy=strategy, module=module))
 
     def attach_cache(self, cache: ReferenceLogprobCache) -> None:
-        """Use `cache` for the batches: its NLL and, with dataset normalisation, the weights w(q) derived from it."""
+        """Serve `cache` as the reference log-probs and NLL of this run's queries."""
         self.cache = cache
-        if self.weight_source == "reference" and self.weight_norm == "dataset":
-            nll = cache.nll
-            self.query_weight = query_weights(nll, nll.mean(), self.weight_clip)
-            report(
-                f"query weights from the reference NLL (dataset mean {nll.mean():.2f} nats): "
-                f"w min {self.query_weight.min():.3f}, mean {self.query_weight.mean():.3f}, "
-                f"max {self.query_weight.max():.3f}"
-            )
+        nll = cache.nll
+        report(f"reference NLL of the queries: mean {nll.mean():.2f} nats, min {nll.min():.2f}, max {nll.max():.2f}")
 
-    def collate(self, indices: list[int]) -> dict:
-        """The training batch for dataset rows `indices` (see the module docstring of `erpo_lightning.data`)."""
+    def collate(self, indices: list[int]) -> QueryBatch:
+        """The `QueryBatch` of dataset rows `indices`."""
         if self.cache is None:
             raise RuntimeError("QueryDataModule.setup('fit') has not run: no reference scores to batch with")
-        index = torch.as_tensor(indices, dtype=torch.long)
-        nll = self.cache.nll[index]
-        if self.weight_source != "reference":
-            weight = torch.ones(len(indices))
-        elif self.weight_norm == "batch":
-            weight = batch_query_weights(nll, self.weight_clip)
-        else:
-            weight = self.query_weight[index]
-        queries = [self.data.queries[i] for i in indices]
-        return {
-            "query_index": index,
-            "query_id": [q.query_id for q in queries],
-            "prompt_ids": [list(self.data.prompt_ids[i]) for i in indices],
-            "answers": [q.answer for q in queries],
-            "query_weight": weight.float(),
-            "ref_query_nll": nll.float(),
-        }
+        return QueryBatch(
+            query_index=torch.as_tensor(indices, dtype=torch.long),
+            prompt_ids=[list(self.data.prompt_ids[i]) for i in indices],
+            answers=[self.data.queries[i].answer for i in indices],
+        )
 
     def train_dataloader(self) -> DataLoader:
         """Batches of `batch_size` queries per rank from the query stream (`QueryBatchSampler`), which

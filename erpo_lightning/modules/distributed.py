@@ -12,7 +12,8 @@ import torch
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.modules.microbatch import micro_batches, select_rows
+from erpo_lightning.modules.microbatch import micro_batches
+from erpo_lightning.rollout.batch import RolloutBatch
 
 
 def _single_process(trainer: L.Trainer | None) -> bool:
@@ -30,26 +31,26 @@ def all_reduce(
 
 
 def rank_aligned_micro_batches(
-    trainer: L.Trainer | None, batch: dict, max_tokens: int, device: torch.device
-) -> Iterator[tuple[dict, bool]]:
+    trainer: L.Trainer | None, batch: RolloutBatch, max_tokens: int, device: torch.device
+) -> Iterator[tuple[RolloutBatch, bool]]:
     """(micro-batch, real) pairs: `batch`'s micro-batches, then one-row fillers (real=False) until every rank
     has yielded as many. Under DDP and FSDP every forward/backward runs collectives, so the counts must agree.
     """
     micros = list(micro_batches(batch, max_tokens))
     count = int(all_reduce(trainer, len(micros), "max", device))
     yield from ((micro, True) for micro in micros)
-    filler = select_rows(micros[0], torch.arange(1))
+    filler = micros[0].select_rows(torch.arange(1))
     yield from ((filler, False) for _ in range(count - len(micros)))
 
 
 def global_advantages(
-    trainer: L.Trainer | None, rewards: torch.Tensor, group_size: int, estimator: obj.Estimator
+    trainer: L.Trainer | None, rewards: torch.Tensor, group_size: int, estimator: obj.Estimator, eps: float
 ) -> torch.Tensor:
     """Advantages of this rank's rows, [N]. Groups never span ranks, so group baselines are local; the
     `reinforce` batch-mean baseline is the mean over every rank's rows.
     """
     if estimator != "reinforce" or _single_process(trainer):
-        return obj.group_advantages(rewards, group_size, estimator)
+        return obj.group_advantages(rewards, group_size, estimator, eps)
     gathered = gather_all_tensors(rewards.float())  # ranks may hold different numbers of rows
     offset = sum(len(part) for part in gathered[: trainer.global_rank])
-    return obj.group_advantages(torch.cat(gathered), group_size, estimator)[offset : offset + len(rewards)]
+    return obj.group_advantages(torch.cat(gathered), group_size, estimator, eps)[offset : offset + len(rewards)]

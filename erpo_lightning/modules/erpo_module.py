@@ -1,40 +1,35 @@
 """ERPOModule: the policy, its loss, and the optimizer loop over one rollout batch.
 
-One `training_step` receives a rollout batch (the RolloutCallback generated and scored it, see
-`erpo_lightning/callbacks/rollout.py`) and runs `num_iterations` passes of optimizer steps over it, each on
-`update_batch_size` queries, each split in micro-batches by a token budget. One forward per micro-batch gives both
-the response log-probs (policy gradient) and the query log-probs (Query-KL). Manual optimization: several optimizer
-steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
+One `training_step` receives the step's `QueryBatch` with its `RolloutBatch` attached (the RolloutCallback generated
+and scored it, see `erpo_lightning/callbacks/rollout.py`) and runs `num_iterations` passes of optimizer steps over
+it, each on `update_batch_size` queries, each split in micro-batches by a token budget. One forward per micro-batch
+gives both the response log-probs (policy gradient) and the query log-probs (Query-KL). Manual optimization: several
+optimizer steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from torchmetrics import MaxMetric, MinMetric
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import Algorithm, AlgorithmName, QueryWeightMode, resolve_algorithm
+from erpo_lightning.algorithms import Algorithm, AlgorithmName, resolve_algorithm
+from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs, token_entropy
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
-from erpo_lightning.modules.microbatch import minibatch_rows, select_rows
+from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
+from erpo_lightning.modules.step_metrics import build_train_metrics, compute_and_reset, update_micro_metrics
 from erpo_lightning.rng import rng_state, set_rng_state
-from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
+from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 
 Dtype = Literal["float32", "bfloat16", "float16"]
-
-TRAIN_METRICS = (
-    "loss", "pg_loss", "query_kl", "query_kl_token_k3", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high",
-    "dual_clip_frac", "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min",
-    "query_weight_max", "logprob_abs_diff",
-)  # fmt: skip
 
 
 class ERPOModule(L.LightningModule):
@@ -44,8 +39,9 @@ class ERPOModule(L.LightningModule):
         model_path: local directory or Hub id of the initial policy (also the frozen reference θ0).
         algorithm: preset name (`erpo` (the paper), `erpo_released` (the authors' code), `grpo`, `grpo_kl`, `dapo`,
             `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`); the keyword overrides from
-            `advantage_estimator` to `query_weight_mode` replace single fields of the preset (None = keep; see
-            `algorithms.Algorithm`). Every choice is checked here, before any model is loaded.
+            `advantage_estimator` to `policy_kl_kind` replace single fields of the preset (None = keep; see
+            `algorithms.Algorithm`; `query_weight_clip: none` = unclipped). Every choice is checked here, before any
+            model is loaded.
         temperature: sampling temperature of the rollouts; response log-probs are computed at it.
         num_iterations: passes (PPO epochs) over each rollout batch.
         update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
@@ -72,6 +68,7 @@ class ERPOModule(L.LightningModule):
         model_path: str,
         algorithm: AlgorithmName = "erpo",
         advantage_estimator: obj.Estimator | None = None,
+        advantage_eps: float | None = None,
         loss_aggregation: obj.AggregationMode | None = None,
         clip_low: float | None = None,
         clip_high: float | None = None,
@@ -82,7 +79,9 @@ class ERPOModule(L.LightningModule):
         kl_clamp_mode: obj.KLClampMode | None = None,
         kl_clamp: float | None = None,
         use_query_weights: bool | None = None,
-        query_weight_mode: QueryWeightMode | None = None,
+        query_weight_source: obj.QueryWeightSource | None = None,
+        query_weight_norm: obj.QueryWeightNorm | None = None,
+        query_weight_clip: tuple[float, float] | Literal["none"] | None = None,
         policy_kl_coef: float | None = None,
         policy_kl_kind: obj.KLKind | None = None,
         temperature: float = 1.0,
@@ -123,18 +122,10 @@ class ERPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
-        self.reference_cache: Any = None  # a data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]`
-        # How w(q) is made: the released preset computes it here; otherwise setup() follows the datamodule's weight_*.
-        self.current_policy_weights = self.algorithm.query_weight_mode == "current_batch"
-        self.batch_weights_from_reference = False
-        self.weight_norm = "batch" if self.current_policy_weights else "dataset"
-        self.weight_clip: tuple[float, float] | None = None if self.current_policy_weights else (0.0, 2.0)
+        # A data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]` log-probs, `nll` [Q] (nats).
+        self.reference_cache: Any = None
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
-        self.train_metrics = torch.nn.ModuleDict({name: MaskedMean() for name in TRAIN_METRICS})
-        self.train_metrics.update({
-            "query_kl": QueryKL(), "query_kl_token_k3": QueryKL(), "policy_kl": PolicyKL(),
-            "query_weight_min": MinMetric(), "query_weight_max": MaxMetric(),
-        })  # fmt: skip
+        self.train_metrics = build_train_metrics()
 
     # ----------------------------------------------------------------------------------------------- model set-up
     def _load_causal_lm(self) -> torch.nn.Module:
@@ -166,26 +157,9 @@ class ERPOModule(L.LightningModule):
                     shard_causal_lm(model, mesh, self.hparams.fsdp_mixed_precision)
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is None:
-            return
-        if self.reference_cache is None:
-            self.reference_cache = getattr(datamodule, "cache", None)
-        if self.algorithm.query_weight_mode == "current_batch":
-            return
-        source, self.weight_norm = getattr(datamodule, "weight_source", None), getattr(datamodule, "weight_norm", None)
-        if source == "current" and self.weight_norm == "dataset":
-            raise ValueError(
-                "data.weight_source 'current' with data.weight_norm 'dataset' would divide the current policy's NLL "
-                "by the reference's dataset mean, a mix neither the paper nor the released code uses: set "
-                "data.weight_norm 'batch' (the released code, as model.algorithm erpo_released does) or "
-                "data.weight_source 'reference' (the paper)"
-            )
-        # The released code's option: w(q) from the current policy's NLL (the datamodule then sends w = 1).
-        self.current_policy_weights = source == "current"
-        # The datamodule normalises reference weights over one rank's batch; the module redoes it over all ranks.
-        self.batch_weights_from_reference = source == "reference" and self.weight_norm == "batch"
-        self.weight_clip = getattr(datamodule, "weight_clip", (0.0, 2.0))
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if self.reference_cache is None and isinstance(datamodule, QueryDataModule):
+            self.reference_cache = datamodule.cache  # built by the datamodule's setup, which Lightning runs first
 
     def configure_callbacks(self) -> list:
         # The first hook Lightning calls on every rank in fit, before the datamodule's setup builds the reference
@@ -245,86 +219,94 @@ class ERPOModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --------------------------------------------------------------------------------------------- forward passes
-    def _token_logprobs(self, model: torch.nn.Module, micro: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def _token_logprobs(self, model: torch.nn.Module, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward → ([N, P+R] log-probs, prompt at T=1 and response at the sampling temperature; logits)."""
-        logits = causal_lm_logits(model, micro["input_ids"], micro["attention_mask"])
+        logits = causal_lm_logits(model, micro.input_ids, micro.attention_mask)
         token_logprobs = prompt_response_token_logprobs(
-            logits, micro["input_ids"], micro["prompt_length"], self.hparams.temperature
+            logits, micro.input_ids, micro.prompt_length, self.hparams.temperature
         )
         return token_logprobs, logits
 
     @torch.no_grad()
-    def _recompute_old_logprobs(self, batch: dict) -> torch.Tensor:
+    def _recompute_old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
-        old = torch.zeros_like(batch["sampling_logprobs"])
+        old = torch.zeros_like(batch.sampling_logprobs)
         first_row = 0  # micro-batches are consecutive rows
         for micro, real in self._micro_batches(batch):
             token_logprobs, _ = self._token_logprobs(self.policy, micro)
             if not real:
                 continue
-            response = token_logprobs[:, micro["prompt_length"] :]
+            response = token_logprobs[:, micro.prompt_length :]
             old[first_row : first_row + len(response), : response.shape[1]] = response
             first_row += len(response)
         return old
 
     @torch.no_grad()
-    def _step_query_weights(self, batch: dict) -> torch.Tensor:
-        """w(q) of an optimizer step's rows, [N]: mean NLL over the step's queries on all ranks / NLL(q), clipped to
-        `weight_clip`. The NLL is the current policy's (one no-grad forward over the group leaders' prompts, before
-        the step: the released code's `prepare_backward_batch`) or the cached reference's.
+    def _step_query_weights(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """w(q) of an optimizer step's rows, [N]: `objectives.query_weights(s(q), s̄, clip)` with the algorithm's
+        `query_weight_source`, `query_weight_norm` and `query_weight_clip` (the one place w(q) is made).
+
+        s(q) is the cached reference NLL, or the current policy's (one no-grad forward over the group leaders'
+        prompts before the step: the released code's `prepare_backward_batch`); s̄ is the reference's training-set
+        mean, or the mean over the step's queries on all ranks. None when w(q) is not applied and would cost that
+        forward; otherwise it is computed (and logged) even when not applied.
         """
-        leaders = batch["is_group_leader"]
-        if self.current_policy_weights:
-            prompt = {key: batch[key][leaders, : batch["prompt_length"]] for key in ("input_ids", "attention_mask")}
-            logprobs = sequence_logprobs(self.policy, prompt["input_ids"], prompt["attention_mask"])
-            nll = -(logprobs * obj.query_token_mask(prompt["attention_mask"], batch["prompt_length"])).sum(-1)
+        algorithm, leaders, width = self.algorithm, batch.is_group_leader, batch.prompt_length
+        if algorithm.query_weight_source == "current":
+            if not algorithm.use_query_weights:
+                return None
+            prompt_ids, prompt_mask = batch.input_ids[leaders, :width], batch.attention_mask[leaders, :width]
+            logprobs = sequence_logprobs(self.policy, prompt_ids, prompt_mask)
+            nll = -(logprobs * obj.query_token_mask(prompt_mask, width)).sum(-1)
         else:
-            nll = self.reference_cache.nll[batch["query_index"][leaders].cpu()].to(self.device)
-        mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
-        weights = obj.query_weights(nll, mean_nll, self.weight_clip)
-        return weights.repeat_interleave(batch["group_size"])
+            nll = self.reference_cache.nll[batch.query_index[leaders].cpu()].to(self.device)
+        if algorithm.query_weight_norm == "dataset":
+            mean_nll = self.reference_cache.nll.mean()
+        else:
+            mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
+        weights = obj.query_weights(nll, mean_nll, algorithm.query_weight_clip)
+        return weights.repeat_interleave(batch.group_size)
 
     # --------------------------------------------------------------------------------------------- the RL update
     def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
         return all_reduce(self._trainer, value, "sum", self.device)
 
-    def _micro_batches(self, batch: dict):
+    def _micro_batches(self, batch: RolloutBatch):
         """(micro-batch, real) pairs within the token budget, as many on every rank (see `distributed`)."""
         return rank_aligned_micro_batches(self._trainer, batch, self.hparams.micro_batch_tokens, self.device)
 
-    def _micro_loss(self, micro: dict, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    def _micro_loss(self, micro: RolloutBatch, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (`objectives.rl_loss`), already divided by the global counts of its step."""
-        prompt_length = micro["prompt_length"]
+        prompt_length = micro.prompt_length
         token_logprobs, logits = self._token_logprobs(self.policy, micro)
         query_lp, query_mask, response_lp, _ = obj.split_prompt_response(
-            token_logprobs, micro["attention_mask"], prompt_length
+            token_logprobs, micro.attention_mask, prompt_length
         )
-        on_policy = "old_logprobs" not in micro
-        old = response_lp.detach() if on_policy else micro["old_logprobs"]
+        on_policy = micro.old_logprobs is None
+        old = response_lp.detach() if on_policy else micro.old_logprobs
         ref_response = None
         if self.reference_policy is not None:
             with torch.no_grad():
                 ref_response = self._token_logprobs(self.reference_policy, micro)[0][:, prompt_length:]
-        reference = self.reference_cache.padded(micro["query_index"], prompt_length).to(query_lp)
+        reference = self.reference_cache.padded(micro.query_index, prompt_length).to(query_lp)
         # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
         loss, parts = obj.rl_loss(
-            self.algorithm, response_lp, old, micro["advantages"], micro["response_mask"],
-            query_lp, reference, query_mask, micro["is_group_leader"],
-            seq_weights=micro["query_weight"] if self.algorithm.use_query_weights else None,
+            self.algorithm, response_lp, old, micro.advantages, micro.response_mask,
+            query_lp, reference, query_mask, micro.is_group_leader,
+            seq_weights=micro.query_weights if self.algorithm.use_query_weights else None,
             constant=self.hparams.loss_constant, normalizers=normalizers, ref_response_logprobs=ref_response,
         )  # fmt: skip
         if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
-            parts["logprob_abs_diff"] = (old - micro["sampling_logprobs"]).abs()
+            parts["logprob_abs_diff"] = (old - micro.sampling_logprobs).abs()
         parts["entropy"] = token_entropy(logits[:, prompt_length - 1 : -1], self.hparams.temperature)
         return loss, parts
 
-    def _optimizer_step(self, batch: dict) -> None:
+    def _optimizer_step(self, batch: RolloutBatch) -> None:
         """Forward/backward every micro-batch of `batch` (one optimizer step's rows), then step."""
         optimizer = self.optimizers()
-        if self.algorithm.use_query_weights and (self.current_policy_weights or self.batch_weights_from_reference):
-            batch["query_weight"] = self._step_query_weights(batch)
-        query_mask = obj.query_token_mask(batch["attention_mask"], batch["prompt_length"])
-        counts = obj.loss_normalizers(batch["response_mask"], query_mask, batch["is_group_leader"])
+        batch = replace(batch, query_weights=self._step_query_weights(batch))
+        query_mask = obj.query_token_mask(batch.attention_mask, batch.prompt_length)
+        counts = obj.loss_normalizers(batch.response_mask, query_mask, batch.is_group_leader)
         normalizers = dict(zip(counts, self._global_sum(torch.stack(list(counts.values()))), strict=True))
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
@@ -347,7 +329,7 @@ class ERPOModule(L.LightningModule):
             self.train_metrics["loss"].update(step_loss)
             self.train_metrics["pg_loss"].update(step_pg_loss)
             for micro, parts in recorded:
-                self._update_metrics(micro, parts)
+                update_micro_metrics(self.train_metrics, micro, parts)
             optimizer.step()
             self.lr_schedulers().step()
             self.policy_version += 1
@@ -356,50 +338,32 @@ class ERPOModule(L.LightningModule):
         self.guard.record(stepped=finite)
         optimizer.zero_grad(set_to_none=True)
 
-    def _update_metrics(self, micro: dict, parts: dict) -> None:
-        metrics = self.train_metrics
-        response_mask = micro["response_mask"]
-        metrics["query_kl"].update(parts["query_kl"])
-        metrics["query_kl_token_k3"].update(parts["query_kl_token_k3"])
-        metrics["entropy"].update(parts["entropy"], response_mask)
-        for name in ("policy_kl", "logprob_abs_diff"):
-            if name in parts:
-                metrics[name].update(parts[name], response_mask)
-        tokens = response_mask.sum()
-        for name, value in parts["stats"].items():  # token means: weight by this micro-batch's token count
-            metrics[name].update(value, tokens)
-        metrics["advantage_mean"].update(micro["advantages"])
-        weights = micro["query_weight"][micro["is_group_leader"]]
-        metrics["query_weight_mean"].update(weights)
-        if len(weights):
-            metrics["query_weight_min"].update(weights)
-            metrics["query_weight_max"].update(weights)
+    def training_step(self, batch: QueryBatch, batch_idx: int) -> None:
+        """Run the optimizer steps of the step's rollout batch (see the module docstring)."""
+        if batch.rollout is None:
+            raise RuntimeError("training_step got queries without their rollout: train with a RolloutCallback")
+        self.train_on(batch.rollout)
 
-    def training_step(self, batch: dict, batch_idx: int) -> None:
-        """Run the optimizer steps of one rollout batch (see the module docstring)."""
-        group_size = batch["group_size"]
-        num_rows = batch["input_ids"].shape[0]
-        batch = dict(batch)
-        batch["advantages"] = global_advantages(
-            self._trainer, batch["rewards"], group_size, self.algorithm.advantage_estimator
+    def train_on(self, rollout: RolloutBatch) -> None:
+        """The optimizer steps of one rollout batch: advantages (and old log-probs when the batch is used more than
+        once) are computed here, w(q) per optimizer step (`_step_query_weights`)."""
+        algorithm, group_size = self.algorithm, rollout.group_size
+        advantages = global_advantages(
+            self._trainer, rollout.rewards, group_size, algorithm.advantage_estimator, algorithm.advantage_eps
         )
-        batch["is_group_leader"] = torch.arange(num_rows, device=batch["rewards"].device) % group_size == 0
-        updates = minibatch_rows(num_rows, group_size, self.hparams.update_batch_size)
+        batch = replace(rollout, advantages=advantages)
+        updates = minibatch_rows(batch.num_rows, group_size, self.hparams.update_batch_size)
         if self.hparams.num_iterations > 1 or len(updates) > 1:
-            batch["old_logprobs"] = self._recompute_old_logprobs(batch)
-            mismatch = (batch["old_logprobs"] - batch["sampling_logprobs"]).abs()
-            self.train_metrics["logprob_abs_diff"].update(mismatch, batch["response_mask"])
+            batch = replace(batch, old_logprobs=self._recompute_old_logprobs(batch))
+            mismatch = (batch.old_logprobs - batch.sampling_logprobs).abs()
+            self.train_metrics["logprob_abs_diff"].update(mismatch, batch.response_mask)
         for _ in range(self.hparams.num_iterations):
             for rows in updates:
-                self._optimizer_step(select_rows(batch, rows))
+                self._optimizer_step(batch.select_rows(rows))
         self._log_train_metrics()
 
     def _log_train_metrics(self) -> None:
-        logged = {}
-        for name, metric in self.train_metrics.items():
-            if metric.update_count:
-                logged[f"train/{name}"] = metric.compute()
-            metric.reset()
+        logged = compute_and_reset(self.train_metrics)
         logged["train/skipped_steps"] = float(self.guard.skipped_steps)
         logged["train/policy_version"] = float(self.policy_version)
         logged["train/lr"] = self.optimizers().param_groups[0]["lr"]

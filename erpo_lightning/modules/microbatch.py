@@ -3,29 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
-# Per-row tensors of a rollout batch: [N, ...] entries that follow the rows when a batch is sliced.
-ROW_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "response_mask",
-    "sampling_logprobs",
-    "rewards",
-    "group_index",
-    "query_index",
-    "query_weight",
-    "truncated",
-    "advantages",
-    "old_logprobs",
-    "is_group_leader",
-)
-
-
-def select_rows(batch: dict, rows: torch.Tensor) -> dict:
-    """The sub-batch of `rows` (a LongTensor of row indices); non-row entries (prompt_length, ...) are shared."""
-    return {key: (value[rows] if key in ROW_KEYS and torch.is_tensor(value) else value) for key, value in batch.items()}
+from erpo_lightning.rollout.batch import RolloutBatch
 
 
 def minibatch_rows(num_rows: int, group_size: int, groups_per_update: int | None) -> list[torch.Tensor]:
@@ -38,39 +20,39 @@ def minibatch_rows(num_rows: int, group_size: int, groups_per_update: int | None
     ]
 
 
-def trim_padding(batch: dict) -> dict:
+def trim_padding(batch: RolloutBatch) -> RolloutBatch:
     """Drop prompt columns that are padding in every row and response columns past the longest response.
 
     Shrinks the forward to what the micro-batch really needs; `prompt_length` follows.
     """
-    prompt_length = batch["prompt_length"]
-    attention = batch["attention_mask"]
-    prompt_real = attention[:, :prompt_length].any(0).nonzero()
+    prompt_length = batch.prompt_length
+    prompt_real = batch.attention_mask[:, :prompt_length].any(0).nonzero()
     first = int(prompt_real[0]) if len(prompt_real) else prompt_length - 1
-    response_real = batch["response_mask"].any(0).nonzero()
+    response_real = batch.response_mask.any(0).nonzero()
     response_width = int(response_real[-1]) + 1 if len(response_real) else 1
     end = prompt_length + response_width
-    trimmed = dict(batch)
-    for key in ("input_ids", "attention_mask"):
-        trimmed[key] = batch[key][:, first:end]
-    for key in ("response_mask", "sampling_logprobs", "old_logprobs"):
-        if key in batch:
-            trimmed[key] = batch[key][:, :response_width]
-    trimmed["prompt_length"] = prompt_length - first
-    return trimmed
+    return replace(
+        batch,
+        input_ids=batch.input_ids[:, first:end],
+        attention_mask=batch.attention_mask[:, first:end],
+        response_mask=batch.response_mask[:, :response_width],
+        sampling_logprobs=batch.sampling_logprobs[:, :response_width],
+        old_logprobs=None if batch.old_logprobs is None else batch.old_logprobs[:, :response_width],
+        prompt_length=prompt_length - first,
+    )
 
 
-def micro_batches(batch: dict, max_tokens: int) -> Iterator[dict]:
+def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[RolloutBatch]:
     """Consecutive micro-batches whose padded size (rows × longest real length) stays within `max_tokens`.
 
     A single row longer than the budget still forms its own micro-batch. Each micro-batch is trimmed.
     """
-    lengths = batch["attention_mask"].sum(-1).tolist()
+    lengths = batch.attention_mask.sum(-1).tolist()
     start, longest = 0, 0
     for row, length in enumerate(lengths):
         longest_with_row = max(longest, length)
         if row > start and longest_with_row * (row - start + 1) > max_tokens:
-            yield trim_padding(select_rows(batch, torch.arange(start, row)))
+            yield trim_padding(batch.select_rows(torch.arange(start, row)))
             start, longest_with_row = row, length
         longest = longest_with_row
-    yield trim_padding(select_rows(batch, torch.arange(start, len(lengths))))
+    yield trim_padding(batch.select_rows(torch.arange(start, len(lengths))))

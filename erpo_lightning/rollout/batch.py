@@ -1,14 +1,97 @@
-"""From sampled responses to the tensors the loss needs: pure functions, no engine and no Lightning.
+"""The typed batches between data, rollout and module, and the pure functions that build them (no engine, no
+Lightning).
 
-Layout (N = B·G rows, groups of G consecutive rows in query order, P = longest prompt, R = longest response):
-each row is `[prompt; response]`, the prompt left-padded to P and the response right-padded to R with the pad id.
+`QueryBatch` is what the training DataLoader yields: B queries. `RolloutBatch` is what `ERPOModule.training_step`
+trains on: their N = B·G rows, groups of G consecutive rows in query order, P = longest prompt, R = longest
+response; each row is `[prompt; response]`, the prompt left-padded to P and the response right-padded to R with the
+pad id. The RolloutCallback builds one per step (`assemble_batch`) and attaches it to the step's `QueryBatch`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
+
 import torch
 
 from erpo_lightning.rollout.engine import Sample
+
+
+@dataclass
+class RolloutBatch:
+    """The rows one training step learns from. Every tensor field is per row, [N, ...]; `select_rows` slices them.
+
+    Filled by the rollout (`assemble_batch`):
+        input_ids: [N, P+R] long, `[prompt; response]` token ids.
+        attention_mask: [N, P+R] long, 1 on real tokens.
+        response_mask: [N, R] long, 1 on the response tokens the loss sees (the final eos included; a rollout may
+            zero whole rows, e.g. overlong filtering).
+        sampling_logprobs: [N, R] float32, log-probs (nats) of the sampled tokens under the engine's sampling
+            distribution, 0 on padding.
+        rewards: [N] float32, after any reward shaping.
+        query_index: [N] long, the dataset row (and reference-cache row) of each row's query.
+        truncated: [N] bool, the response hit the length cap.
+        is_group_leader: [N] bool, the first row of each group (one row per query); derived from `group_size`
+            when not given.
+        group_size: G, rows per query.
+        prompt_length: P, the prompt columns of `input_ids` / `attention_mask`.
+    Filled by the training step (`ERPOModule`, None before), the values the loss reads besides the rollout's:
+        advantages: [N] float32, one per row.
+        old_logprobs: [N, R] float32, the policy's log-probs before this batch's first update (None = on-policy:
+            the current forward, detached, is the old policy).
+        query_weights: [N] float32, w(q) of each row's query for the optimizer step the rows belong to.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    query_index: torch.Tensor
+    truncated: torch.Tensor
+    group_size: int
+    prompt_length: int
+    is_group_leader: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    query_weights: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.is_group_leader is None:
+            rows = torch.arange(self.num_rows, device=self.input_ids.device)
+            self.is_group_leader = rows % self.group_size == 0
+
+    @property
+    def num_rows(self) -> int:
+        """N."""
+        return self.input_ids.shape[0]
+
+    def select_rows(self, rows: torch.Tensor) -> RolloutBatch:
+        """The rows `rows` (a LongTensor of row indices) of every per-row field; `group_size`, `prompt_length` kept."""
+        return replace(self, **{name: value[rows] for name, value in self._tensors().items()})
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """Every tensor field on `device`."""
+        return replace(self, **{name: value.to(device) for name, value in self._tensors().items()})
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if torch.is_tensor(getattr(self, f.name))}
+
+
+@dataclass
+class QueryBatch:
+    """B training queries, as the training DataLoader yields them (`QueryDataModule.collate`).
+
+    Attributes:
+        query_index: [B] long, the dataset row (and reference-cache row) of each query.
+        prompt_ids: B unpadded prompts (token ids, template applied).
+        answers: B gold answers, as the source gives them.
+        rollout: the step's `RolloutBatch`, attached by the RolloutCallback before `training_step`; None before.
+    """
+
+    query_index: torch.Tensor
+    prompt_ids: list[list[int]]
+    answers: list[str]
+    rollout: RolloutBatch | None = None
 
 
 def assemble_batch(
@@ -16,23 +99,16 @@ def assemble_batch(
     samples: list[list[Sample]],
     rewards: torch.Tensor,
     query_index: torch.Tensor,
-    query_weight: torch.Tensor,
     pad_token_id: int,
-) -> dict[str, torch.Tensor | int]:
-    """Pack B prompts and their G samples each into padded training tensors.
+) -> RolloutBatch:
+    """Pack B prompts and their G samples each into a `RolloutBatch` (on the CPU).
 
     Args:
         prompt_ids: B unpadded prompts (token ids).
         samples: samples[b] = the G responses to prompt b (same G for every prompt).
         rewards: [B·G] float, row order b·G + g.
         query_index: [B] long, dataset rows of the prompts.
-        query_weight: [B] float, per-query loss weights.
         pad_token_id: id written on padding (masked everywhere, any id works).
-    Returns:
-        input_ids [N, P+R], attention_mask [N, P+R], prompt_length P, query_mask [N, P] (real prompt tokens except
-        each row's first, which has no log-prob), response_mask [N, R] (response tokens, final eos included),
-        sampling_logprobs [N, R] (0 on padding), rewards [N], group_index [N] (0..B-1), query_index [N],
-        query_weight [N], truncated [N] bool (finished by length), group_size G.
     """
     group_size = len(samples[0])
     rows = [(prompt_ids[b], sample) for b in range(len(prompt_ids)) for sample in samples[b]]
@@ -48,21 +124,17 @@ def assemble_batch(
         input_ids[i, width_p:end] = torch.tensor(sample.token_ids, dtype=torch.long)
         attention_mask[i, width_p - len(prompt) : end] = 1
         sampling_logprobs[i, : len(sample.token_ids)] = torch.tensor(sample.logprobs, dtype=torch.float32)
-    prompt_mask = attention_mask[:, :width_p]
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "prompt_length": width_p,
-        "query_mask": prompt_mask * (prompt_mask.cumsum(-1) > 1).long(),
-        "response_mask": attention_mask[:, width_p:].clone(),
-        "sampling_logprobs": sampling_logprobs,
-        "rewards": torch.as_tensor(rewards, dtype=torch.float32),
-        "group_index": torch.arange(len(prompt_ids)).repeat_interleave(group_size),
-        "query_index": torch.as_tensor(query_index, dtype=torch.long).repeat_interleave(group_size),
-        "query_weight": torch.as_tensor(query_weight, dtype=torch.float32).repeat_interleave(group_size),
-        "truncated": torch.tensor([sample.finish_reason == "length" for _, sample in rows]),
-        "group_size": group_size,
-    }
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=attention_mask[:, width_p:].clone(),
+        sampling_logprobs=sampling_logprobs,
+        rewards=torch.as_tensor(rewards, dtype=torch.float32),
+        query_index=torch.as_tensor(query_index, dtype=torch.long).repeat_interleave(group_size),
+        truncated=torch.tensor([sample.finish_reason == "length" for _, sample in rows]),
+        group_size=group_size,
+        prompt_length=width_p,
+    )
 
 
 def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int) -> torch.Tensor:

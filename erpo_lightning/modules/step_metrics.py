@@ -1,0 +1,57 @@
+"""The `train/` metrics of ERPOModule: built once, updated per micro-batch, computed and reset per training step."""
+
+from __future__ import annotations
+
+import torch
+from torchmetrics import MaxMetric, MinMetric
+
+from erpo_lightning.rollout.batch import RolloutBatch
+from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
+
+TRAIN_METRICS = (
+    "loss", "pg_loss", "query_kl", "query_kl_token_k3", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high",
+    "dual_clip_frac", "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min",
+    "query_weight_max", "logprob_abs_diff",
+)  # fmt: skip
+
+
+def build_train_metrics() -> torch.nn.ModuleDict:
+    """One metric per name of TRAIN_METRICS: masked means, except the Query-KL / Policy-KL and w(q) extremes."""
+    metrics = torch.nn.ModuleDict({name: MaskedMean() for name in TRAIN_METRICS})
+    metrics.update({
+        "query_kl": QueryKL(), "query_kl_token_k3": QueryKL(), "policy_kl": PolicyKL(),
+        "query_weight_min": MinMetric(), "query_weight_max": MaxMetric(),
+    })  # fmt: skip
+    return metrics
+
+
+def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, parts: dict) -> None:
+    """Add one micro-batch: `parts` as `objectives.rl_loss` returns them (plus `entropy`, `logprob_abs_diff`)."""
+    response_mask = micro.response_mask
+    metrics["query_kl"].update(parts["query_kl"])
+    metrics["query_kl_token_k3"].update(parts["query_kl_token_k3"])
+    metrics["entropy"].update(parts["entropy"], response_mask)
+    for name in ("policy_kl", "logprob_abs_diff"):
+        if name in parts:
+            metrics[name].update(parts[name], response_mask)
+    tokens = response_mask.sum()
+    for name, value in parts["stats"].items():  # token means: weight by this micro-batch's token count
+        metrics[name].update(value, tokens)
+    metrics["advantage_mean"].update(micro.advantages)
+    if micro.query_weights is None:
+        return
+    weights = micro.query_weights[micro.is_group_leader]
+    metrics["query_weight_mean"].update(weights)
+    if len(weights):
+        metrics["query_weight_min"].update(weights)
+        metrics["query_weight_max"].update(weights)
+
+
+def compute_and_reset(metrics: torch.nn.ModuleDict) -> dict[str, torch.Tensor]:
+    """`train/<name>` of every metric updated since the last call; all of them reset."""
+    logged = {}
+    for name, metric in metrics.items():
+        if metric.update_count:
+            logged[f"train/{name}"] = metric.compute()
+        metric.reset()
+    return logged

@@ -1,0 +1,76 @@
+"""The maths of ERPO and its baselines, as pure torch functions.
+
+Nothing here imports Lightning: a TRL, verl or OpenRLHF user can call these directly
+(`import erpo_lightning.objectives as obj`; every public name below is re-exported here).
+
+    advantages     group advantage estimators (grpo, dr_grpo, rloo, reinforce)
+    policy         the PPO-clipped surrogate and the aggregation of per-token losses
+    kl             k1/k2/k3, sequence k3 and Query-KL
+    query_weights  ERPO's per-query weight w(q)
+    loss           prompt/response masks, `LossSettings`, `loss_normalizers` and the whole `rl_loss`
+
+Conventions: N sequences (responses), T tokens, Q unique queries. Masks are 1 on real tokens, 0 on padding; padding
+never changes a result. Functions that normalise (means over tokens, sequences or queries) take an optional
+`normalizer` so that a caller accumulating micro-batches, or running on several ranks, can divide by the count of
+the *global* batch: then summing the per-micro-batch losses gives exactly the full-batch loss.
+"""
+
+from erpo_lightning.objectives.advantages import DEFAULT_ADVANTAGE_EPS, GROUP_ESTIMATORS, Estimator, group_advantages
+from erpo_lightning.objectives.kl import (
+    DEFAULT_KL_CLAMP,
+    KLClampMode,
+    KLKind,
+    QueryKLAggregation,
+    QueryKLEstimator,
+    k3_level_log_ratios,
+    kl_penalty,
+    per_query_kl,
+    query_kl,
+    query_kl_tokens,
+    sequence_k3,
+)
+from erpo_lightning.objectives.loss import (
+    LossSettings,
+    loss_normalizers,
+    query_token_mask,
+    rl_loss,
+    split_prompt_response,
+)
+from erpo_lightning.objectives.policy import RATIO_LOG_CLAMP, AggregationMode, aggregate, policy_gradient_loss
+from erpo_lightning.objectives.query_weights import (
+    DEFAULT_QUERY_WEIGHT_CLIP,
+    QueryWeightNorm,
+    QueryWeightSource,
+    query_weights,
+)
+
+__all__ = [
+    "DEFAULT_ADVANTAGE_EPS",
+    "DEFAULT_KL_CLAMP",
+    "DEFAULT_QUERY_WEIGHT_CLIP",
+    "GROUP_ESTIMATORS",
+    "RATIO_LOG_CLAMP",
+    "AggregationMode",
+    "Estimator",
+    "KLClampMode",
+    "KLKind",
+    "LossSettings",
+    "QueryKLAggregation",
+    "QueryKLEstimator",
+    "QueryWeightNorm",
+    "QueryWeightSource",
+    "aggregate",
+    "group_advantages",
+    "k3_level_log_ratios",
+    "kl_penalty",
+    "loss_normalizers",
+    "per_query_kl",
+    "policy_gradient_loss",
+    "query_kl",
+    "query_kl_tokens",
+    "query_token_mask",
+    "query_weights",
+    "rl_loss",
+    "sequence_k3",
+    "split_prompt_response",
+]

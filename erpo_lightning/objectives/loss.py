@@ -1,0 +1,169 @@
+"""The whole RL loss of a batch of [prompt; response] rows: weighted PG + α · Query-KL (+ β · Policy-KL)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from erpo_lightning.objectives.kl import (
+    DEFAULT_KL_CLAMP,
+    KLClampMode,
+    KLKind,
+    QueryKLAggregation,
+    QueryKLEstimator,
+    kl_penalty,
+    per_query_kl,
+    query_kl_tokens,
+)
+from erpo_lightning.objectives.policy import AggregationMode, aggregate, policy_gradient_loss
+
+
+def query_token_mask(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    """[N, P] 1 on the scored query tokens of left-padded prompts: real prompt tokens except each row's first."""
+    prompt_mask = attention_mask[:, :prompt_length]
+    return prompt_mask * (prompt_mask.cumsum(-1) > 1).to(prompt_mask.dtype)
+
+
+def split_prompt_response(
+    token_logprobs: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split per-token log-probs of `[prompt; response]` rows into query and response parts.
+
+    Args:
+        token_logprobs: [N, P + R], column t = log p(token t | tokens < t) (as `scoring` returns them).
+        attention_mask: [N, P + R], prompts left-padded to width P, responses right-padded.
+        prompt_length: P.
+    Returns:
+        query_logprobs [N, P], query_mask [N, P] (real prompt tokens except each row's first, which is unscored),
+        response_logprobs [N, R], response_mask [N, R].
+    """
+    return (
+        token_logprobs[:, :prompt_length],
+        query_token_mask(attention_mask, prompt_length),
+        token_logprobs[:, prompt_length:],
+        attention_mask[:, prompt_length:],
+    )
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The knobs of `rl_loss` (the loss side of an algorithm; `algorithms.Algorithm` extends it with presets).
+
+    Attributes:
+        loss_aggregation: how per-token PG terms become a scalar (`aggregate`).
+        clip_low, clip_high, dual_clip: PPO ratio clip range and optional dual clip (`policy_gradient_loss`).
+        query_kl_coef: α, weight of Query-KL in the loss.
+        query_kl_estimator: `token_k3` | `sequence_k3` (`per_query_kl`).
+        query_kl_aggregation: `per_query`: mean of `per_query_kl` over unique queries (the paper: each query once);
+            `like_pg`: per-token k3 on every row's prompt tokens aggregated like the PG loss, with its normaliser
+            (the released code; needs `token_k3`).
+        kl_clamp_mode, kl_clamp: clamp of Query-KL and Policy-KL (`kl_penalty`, `sequence_k3`).
+        policy_kl_coef, policy_kl_kind: β and estimator of Policy-KL, aggregated like the PG loss.
+    """
+
+    loss_aggregation: AggregationMode = "token_mean"
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    dual_clip: float | None = None
+    query_kl_coef: float = 0.01
+    query_kl_estimator: QueryKLEstimator = "sequence_k3"
+    query_kl_aggregation: QueryKLAggregation = "per_query"
+    kl_clamp_mode: KLClampMode = "value"
+    kl_clamp: float = DEFAULT_KL_CLAMP
+    policy_kl_coef: float = 0.0
+    policy_kl_kind: KLKind = "k3"
+
+
+def loss_normalizers(
+    response_mask: torch.Tensor, query_mask: torch.Tensor, is_leader: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The local counts `rl_loss` divides by; sum them over micro-batches and ranks for the global ones.
+
+    `tokens`: response tokens; `sequences`: rows with at least one response token; `queries`: group leaders (one
+    row per query); `query_tokens`: scored prompt tokens over all rows.
+    """
+    return {
+        "tokens": response_mask.sum().float(),
+        "sequences": response_mask.bool().any(-1).sum().float(),
+        "queries": is_leader.sum().float(),
+        "query_tokens": query_mask.sum().float(),
+    }
+
+
+def rl_loss(
+    settings: LossSettings,
+    response_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    query_logprobs: torch.Tensor,
+    ref_query_logprobs: torch.Tensor,
+    query_mask: torch.Tensor,
+    is_leader: torch.Tensor,
+    seq_weights: torch.Tensor | None = None,
+    constant: float | None = None,
+    normalizers: dict[str, torch.Tensor] | None = None,
+    ref_response_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """The whole loss of [prompt; response] rows: weighted PG + α · Query-KL (+ β · Policy-KL).
+
+    Args:
+        response_logprobs, old_logprobs, response_mask: [N, R] (see `policy_gradient_loss`); advantages: [N].
+        query_logprobs, ref_query_logprobs, query_mask: [N, P] for every row (G rows share a prompt).
+        is_leader: [N] bool, one True per query (its first row).
+        seq_weights: [N] w(q) of each row's query, or None.
+        constant: Dr. GRPO's normaliser for `seq_sum_constant`.
+        normalizers: global counts as `loss_normalizers` names them; None = this batch's own.
+        ref_response_logprobs: [N, R] reference-model log-probs of the responses for Policy-KL, or None.
+    Returns:
+        loss (scalar) and parts (no gradient): `pg_loss` (scalar), `query_kl` ([Q] per-query values of the run's
+        estimator), `query_kl_token_k3` ([Q], token_k3 with the released ±10 value clamp: a common yardstick),
+        `policy_kl` ([N, R] per-token values, when a reference is given), `stats` (`policy_gradient_loss`'s).
+    """
+    s = settings
+    if normalizers is None:
+        normalizers = loss_normalizers(response_mask, query_mask, is_leader)
+    token_mode = s.loss_aggregation == "token_mean"
+    per_token, stats = policy_gradient_loss(
+        response_logprobs, old_logprobs, advantages, response_mask, s.clip_low, s.clip_high, s.dual_clip
+    )
+    sequences = normalizers["sequences"]
+    pg_loss = aggregate(
+        per_token,
+        response_mask,
+        s.loss_aggregation,
+        seq_weights,
+        constant,
+        normalizers["tokens"] if token_mode else sequences,
+    )
+    leaders = (query_logprobs[is_leader], ref_query_logprobs[is_leader], query_mask[is_leader])
+    per_query = per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp)
+    if s.query_kl_aggregation == "per_query":
+        query_kl_loss = per_query.sum() / normalizers["queries"]
+    elif s.query_kl_estimator != "token_k3":
+        raise ValueError("query_kl_aggregation 'like_pg' aggregates per-token values: it needs estimator token_k3")
+    else:
+        tokens = query_kl_tokens(query_logprobs, ref_query_logprobs, query_mask, s.kl_clamp_mode, s.kl_clamp)
+        query_normalizer = normalizers["query_tokens"] if token_mode else sequences
+        query_kl_loss = aggregate(tokens, query_mask, s.loss_aggregation, None, constant, query_normalizer)
+    loss = pg_loss + s.query_kl_coef * query_kl_loss
+    with torch.no_grad():
+        parts = {
+            "pg_loss": pg_loss.detach(),
+            "query_kl": per_query.detach(),
+            "query_kl_token_k3": per_query_kl(*leaders, "token_k3", "value", DEFAULT_KL_CLAMP),
+            "stats": stats,
+        }
+    if ref_response_logprobs is not None:
+        real = response_mask.bool()
+        current = torch.where(real, response_logprobs, ref_response_logprobs)  # δ = 0 on padding: no inf there
+        per_token_kl = kl_penalty(current, ref_response_logprobs, s.policy_kl_kind, s.kl_clamp_mode, s.kl_clamp)
+        if s.policy_kl_coef:
+            normalizer = normalizers["tokens"] if token_mode else sequences
+            policy_kl = aggregate(per_token_kl, response_mask, s.loss_aggregation, None, constant, normalizer)
+            loss = loss + s.policy_kl_coef * policy_kl
+        parts["policy_kl"] = torch.where(real, per_token_kl.detach(), 0.0)
+    return loss, parts

@@ -1,0 +1,51 @@
+"""The one way tests build training batches by hand: through the package's own constructor, `assemble_batch`."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader
+
+from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch
+from erpo_lightning.rollout.engine import Sample
+
+
+def make_rollout(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    rewards: list[float],
+    logprobs: list[list[float]] | None = None,
+    query_index: list[int] | None = None,
+    truncated: tuple[int, ...] = (),
+    pad_token_id: int = 0,
+) -> RolloutBatch:
+    """The `RolloutBatch` of B `prompts` and their N = B·G `responses` (response b·G + g answers prompt b).
+
+    Args:
+        rewards: [N] one per response.
+        logprobs: [N] lists, the sampling log-prob of each response token (None = zeros).
+        query_index: [B] dataset rows of the prompts (None = 0..B-1).
+        truncated: rows whose response hit the length cap.
+    """
+    group_size = len(responses) // len(prompts)
+    logprobs = logprobs or [[0.0] * len(ids) for ids in responses]
+    samples = [
+        [
+            Sample(list(responses[row]), list(logprobs[row]), "length" if row in truncated else "stop")
+            for row in range(b * group_size, (b + 1) * group_size)
+        ]
+        for b in range(len(prompts))
+    ]
+    index = torch.arange(len(prompts)) if query_index is None else torch.tensor(query_index)
+    return assemble_batch(prompts, samples, torch.tensor(rewards), index, pad_token_id)
+
+
+def with_rollout(rollout: RolloutBatch, prompts: list[list[int]] | None = None) -> QueryBatch:
+    """The `QueryBatch` a training step receives once the RolloutCallback has attached `rollout`."""
+    leaders = rollout.query_index[rollout.is_group_leader]
+    prompts = prompts or [[] for _ in leaders]
+    return QueryBatch(leaders.clone(), prompts, ["" for _ in leaders], rollout=rollout)
+
+
+def rollout_loader(rollouts: list[RolloutBatch]) -> DataLoader:
+    """A DataLoader yielding one `QueryBatch` with its rollout attached per step, as `trainer.fit` gets them."""
+    return DataLoader([with_rollout(r) for r in rollouts], batch_size=None, collate_fn=lambda batch: batch)
