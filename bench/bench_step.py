@@ -96,9 +96,7 @@ def worker(args) -> dict:
         masks = rollout.attention_mask[rollout.is_group_leader, : rollout.prompt_length]
         module.policy.to(device)
         scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
-    module.reference_cache = ReferenceLogprobCache.from_rows(
-        [s[m.bool()] for s, m in zip(scored, masks, strict=True)]
-    )
+    module.reference_cache = ReferenceLogprobCache.from_rows([s[m.bool()] for s, m in zip(scored, masks, strict=True)])
 
     times: list[float] = []
 

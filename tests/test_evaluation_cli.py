@@ -13,11 +13,30 @@ from test_rollout_callback import ParityReward, PolicyModule
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback
 from erpo_lightning.data import QueryDataModule
-from erpo_lightning.evaluation import Benchmark, SweepConfig
-from erpo_lightning.rollout import HFEngine
+from erpo_lightning.evaluation import Benchmark, SweepConfig, run_validate
+from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.rollout import HFEngine, VLLMEngine
 from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 TEMPERATURES = [0.4, 1.2]
+
+
+class SizedHFEngine(HFEngine):
+    """HF generate behind a VLLMEngine's context bookkeeping: `setup` records the `max_model_len` that VLLMEngine
+    would be built with at that moment, so the fast tier checks the declarations without starting vLLM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizing = VLLMEngine()
+        self.built_with: int | None = None
+
+    def require_context(self, tokens: int) -> None:
+        self.sizing.require_context(tokens)
+
+    def setup(self, policy, tokenizer) -> None:
+        if self.built_with is None:
+            self.built_with = self.sizing.llm_kwargs(policy)["max_model_len"]
+        super().setup(policy, tokenizer)
 
 
 @pytest.fixture()
@@ -89,7 +108,7 @@ def test_sweep_callback_logs_per_temperature_and_the_gap(tmp_path, tiny_model_pa
     )
     datamodule = QueryDataModule(
         str(tiny_model_path), [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 4}], batch_size=2,
-        weight_source="none", cache_dir=str(tmp_path / "cache"),
+        cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
     sweeper = TemperatureSweepCallback(sweep, every_n_steps=2, train_sample_size=3, train_k=2)
     rollout = RolloutCallback(HFEngine(), ParityReward(), group_size=2, max_new_tokens=4, seed=0)
@@ -109,3 +128,42 @@ def test_sweep_callback_logs_per_temperature_and_the_gap(tmp_path, tiny_model_pa
     gap = float(row["train_eval_gap"])
     assert gap == pytest.approx(float(row["val/avg@k/train"]) - float(row["val/avg@k/mean"]))
     assert "val/avg@k/mean" in row and float(row["val/problems_per_s"]) > 0
+
+
+@pytest.mark.parametrize("sweep_cap", [5, None])  # None: the rollout's max_new_tokens
+def test_validate_sizes_the_engine_to_prompt_limit_plus_response_cap(
+    tmp_path, tiny_model_path, benchmarks_dir, sweep_cap
+):
+    engine = SizedHFEngine()
+    rollout = RolloutCallback(engine, ParityReward(), group_size=2, max_new_tokens=3)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[rollout], logger=False, default_root_dir=tmp_path)
+    datamodule = QueryDataModule(str(tiny_model_path), template="plain", max_prompt_length=400)
+    sweep = SweepConfig(
+        [Benchmark({"path": str(benchmarks_dir / "gsm8k.jsonl")}, k=1)], temperatures=[1.0], max_new_tokens=sweep_cap,
+        max_problems=1, output_dir=str(tmp_path / "sweep"), progress=False,
+    )  # fmt: skip
+    run_validate(trainer, ERPOModule(str(tiny_model_path)), datamodule, sweep, [])
+    assert engine.built_with == 400 + (sweep_cap or 3)
+
+
+def test_sweep_callback_declares_its_context_before_the_engine_is_built(tmp_path, tiny_model_path, benchmarks_dir):
+    sweep = SweepConfig(
+        [Benchmark({"path": str(benchmarks_dir / "amc23.jsonl")}, k=1)], temperatures=[1.0], max_new_tokens=9,
+        max_problems=1, progress=False,
+    )  # fmt: skip
+    datamodule = QueryDataModule(
+        str(tiny_model_path), [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 2}], batch_size=2,
+        max_prompt_length=300, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    engine = SizedHFEngine()
+    # The sweep callback comes after the rollout's, whose `on_fit_start` builds the engine.
+    callbacks = [
+        RolloutCallback(engine, ParityReward(), group_size=2, max_new_tokens=4),
+        TemperatureSweepCallback(sweep),
+    ]
+    trainer = pl.Trainer(
+        max_steps=1, accelerator="cpu", callbacks=callbacks, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(PolicyModule(str(tiny_model_path)), datamodule=datamodule)
+    assert engine.built_with == 300 + 9  # the sweep's cap is the longer one
