@@ -196,7 +196,9 @@ def test_a_chat_template_query_is_cached_and_replayed_exactly(smollm2_dir, tmp_p
         with torch.no_grad():
             logits = model(torch.tensor([expected])).logits[0, :-1]
         direct = torch.log_softmax(logits, -1).gather(-1, torch.tensor(expected[1:])[:, None])[:, 0]
-        torch.testing.assert_close(first.cache.row(q)[1:], direct, atol=1e-5, rtol=0)
+        # A padded batch of queries vs one unpadded forward: float32 sums in another order through 30 layers and a
+        # 49k-way softmax (measured up to 3.5e-5 here), far below any Query-KL signal.
+        torch.testing.assert_close(first.cache.row(q)[1:], direct, atol=1e-4, rtol=0)
 
     monkeypatch.setattr(datamodule_module, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
     replayed = datamodule()

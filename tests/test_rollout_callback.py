@@ -238,4 +238,4 @@ def test_engine_is_told_the_longest_rollout_before_it_is_built(tiny_model_path, 
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(PolicyModule(str(tiny_model_path)), datamodule=datamodule)
-    assert engine.context_at_setup == 700 + 9
+    assert engine.context_at_setup == 700 + 12
