@@ -46,5 +46,5 @@ def test_toy_study_claims_quoted_in_the_readme_are_the_shipped_claims():
         assert claim["median"] is None or f"{claim['median']:.3g}" in line, (claim["key"], line)
     figures = re.findall(r"\d[\d.]* ± [\d.]+", section)
     assert not [figure for figure in figures if figure not in report], "README quotes numbers the report lacks"
-    minutes = re.search(r"\(([\d.]+) min on 2 CPU cores\)", section).group(1)
+    minutes = re.search(r"\(([\d.]+) min on 2 CPU cores", section).group(1)
     assert f"time: {minutes} min" in report
