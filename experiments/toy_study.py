@@ -176,7 +176,7 @@ def load_runs(out: Path, methods: list[str]) -> list[RunRecord]:
     return sorted(records, key=lambda r: (r.seed, methods.index(r.method)))
 
 
-def study_minutes(out: Path, records: list[RunRecord]) -> float:
+def study_minutes(records: list[RunRecord]) -> float:
     """Wall time of the runs behind `records`: first run's start to last run's end, in minutes."""
     dirs = [record.log_dir.parents[1] for record in records]
     start = min((d / "callbacks.yaml").stat().st_mtime for d in dirs)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report_only:
         records = load_runs(args.workdir / args.out, list(methods))
         (args.workdir / args.out / STUDY_FILE).write_text(json.dumps(study, indent=1) + "\n")
-        minutes = study_minutes(args.workdir / args.out, records)
+        minutes = study_minutes(records)
         write_report(records, settings, args.workdir / args.report, command, minutes, args.jobs, study)
         print(f"report rewritten from {len(records)} runs: {args.workdir / args.report}")
         return
