@@ -1,22 +1,12 @@
 """The `erpo` command line, run as a user runs it (a subprocess of the installed console script)."""
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from fit_configs import csv_logger, fit_config, run_erpo, write_config
 
 pytestmark = pytest.mark.slow  # each test starts the `erpo` command (~10 s of imports)
-
-ERPO = str(Path(sys.executable).with_name("erpo"))
-
-
-def run_erpo(*args, cwd=None, timeout=600):
-    env = {**os.environ, "ERPO_CACHE_HOME": str(Path(cwd or ".") / "erpo-cache")}
-    return subprocess.run([ERPO, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
 
 
 def test_help_lists_subcommands():
@@ -49,37 +39,16 @@ def test_optimizer_and_schedule_from_the_command_line():
 
 @pytest.fixture()
 def smoke_config(tmp_path, tiny_model_path, benchmarks_dir):
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "max_steps": 2,
-            "accelerator": "cpu",
-            "default_root_dir": str(tmp_path / "run"),
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(tmp_path / "run")},
-            },
-            "enable_checkpointing": False,
-            "log_every_n_steps": 1,
-        },
-        "model": {"model_path": str(tiny_model_path), "algorithm": "erpo", "learning_rate": 1e-4},
-        "data": {
-            "train": [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}],
-            "template": "qwen25-math-cot",
-            "max_prompt_length": 1024,
-            "batch_size": 2,
-        },
-        "rollout": {
-            "engine": {"class_path": "erpo_lightning.rollout.HFEngine"},
-            "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
-            "group_size": 2,
-            "max_new_tokens": 8,
-            "seed": 0,
-        },
-    }
-    path = tmp_path / "smoke.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    config = fit_config(
+        tiny_model_path,
+        [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}],
+        tmp_path / "run",
+        trainer={"logger": csv_logger(tmp_path / "run"), "enable_checkpointing": False, "log_every_n_steps": 1},
+        model={"learning_rate": 1e-4},
+        data={"template": "qwen25-math-cot"},
+        rollout={"max_new_tokens": 8},
+    )
+    return write_config(tmp_path / "smoke.yaml", config)
 
 
 def test_cache_then_fit_end_to_end(smoke_config, tmp_path):

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -17,6 +16,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
+from fit_configs import ERPO, fit_config, write_config
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
@@ -25,45 +25,24 @@ from erpo_lightning.cli import ERPOProgressBar, ERPOTrainer, main
 from erpo_lightning.errors import DEBUG_HINT, SettingsError, one_line, quiet_known_warnings
 from erpo_lightning.rollout import HFEngine
 
-ERPO = str(Path(sys.executable).with_name("erpo"))
 TESTS = Path(__file__).parent
 
 
-def write_config(tmp_path, model_path, data_file, *, callbacks=(), max_steps=2, limit=8) -> Path:
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "max_steps": max_steps,
-            "accelerator": "cpu",
-            "default_root_dir": str(tmp_path / "run"),
-            "logger": False,
-            "enable_model_summary": False,
-            "callbacks": list(callbacks),
-        },
-        "model": {"model_path": str(model_path), "algorithm": "erpo", "learning_rate": 1e-3},
-        "data": {
-            "train": [{"path": str(data_file), "limit": limit, "label": "config_file", "problem_field": "problem"}],
-            "template": "plain",
-            "max_prompt_length": 1024,
-            "batch_size": 2,
-            "cache_dir": str(tmp_path / "cache"),
-        },
-        "rollout": {
-            "engine": {"class_path": "erpo_lightning.rollout.HFEngine"},
-            "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
-            "group_size": 2,
-            "max_new_tokens": 6,
-            "seed": 0,
-        },
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+def tiny_config(tmp_path, model_path, data_file, *, callbacks=(), max_steps=2, limit=8) -> Path:
+    config = fit_config(
+        model_path,
+        [{"path": str(data_file), "limit": limit, "label": "config_file", "problem_field": "problem"}],
+        tmp_path / "run",
+        trainer={"max_steps": max_steps, "enable_model_summary": False, "callbacks": list(callbacks)},
+        model={"learning_rate": 1e-3},
+        data={"cache_dir": str(tmp_path / "cache")},
+    )
+    return write_config(tmp_path / "config.yaml", config)
 
 
 @pytest.fixture()
 def config(tmp_path, tiny_model_path, benchmarks_dir):
-    return write_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl")
+    return tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl")
 
 
 def run_main(*args) -> int:
@@ -247,7 +226,7 @@ def test_trainer_defaults_progress_label_and_quiet_warnings(tmp_path):
 @pytest.mark.slow
 def test_command_line_list_replaces_the_config_files_list(tmp_path, tiny_model_path, benchmarks_dir):
     """`--data.train "[{path: x}]"` trains on x alone, keeping no `limit`, `label` or field of the file's source."""
-    config = write_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl", limit=3)
+    config = tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl", limit=3)
     other = tmp_path / "other.jsonl"
     rows = [json.loads(line) for line in (benchmarks_dir / "gsm8k.jsonl").read_text().splitlines()[100:105]]
     other.write_text("".join(json.dumps({"question": r["problem"], "answer": r["answer"]}) + "\n" for r in rows))
@@ -309,7 +288,7 @@ def test_kill_during_a_slow_save_then_resume_last(tmp_path, tiny_model_path, ben
     shm = Path("/dev/shm")
     if shm.is_dir() and shm.stat().st_dev != tmp_path.stat().st_dev:
         env["TMPDIR"] = str(shm)
-    config = write_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint, ballast], max_steps=4)
+    config = tiny_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint, ballast], max_steps=4)
     log = tmp_path / "killed_run.log"
     with log.open("w") as log_file:
         process = subprocess.Popen(
@@ -334,7 +313,7 @@ def test_kill_during_a_slow_save_then_resume_last(tmp_path, tiny_model_path, ben
     assert process.returncode == -signal.SIGKILL, log.read_text()[-3000:]
     assert torch.load(last, weights_only=False)["global_step"] == 2  # step 3's last.ckpt never replaced it half-way
 
-    resume = write_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint], max_steps=4)
+    resume = tiny_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint], max_steps=4)
     resumed = subprocess.run(
         [ERPO, "fit", "--config", str(resume), "--ckpt_path", "last"], capture_output=True, text=True, env=env,
         cwd=tmp_path, timeout=600,

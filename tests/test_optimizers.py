@@ -1,20 +1,15 @@
 """The optimizer and its schedule: AdamW + linear warm-up by default, any pair from the config, one owner each."""
 
-import os
-import subprocess
-import sys
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from fit_configs import fit_config, run_erpo, write_config
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau, StepLR
 
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.optim import LinearWarmup, NonFiniteGuard, NonFiniteLossError, build_optimizer
-
-ERPO = str(Path(sys.executable).with_name("erpo"))
 
 
 def lr_sequence(optimizer, schedule, steps):
@@ -98,15 +93,14 @@ class ParityReward:
 
 
 def fit(tmp_path, config_path, run, *args):
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "ERPO_CACHE_HOME": str(tmp_path / "erpo-cache")}
     checkpoints = tmp_path / run / "checkpoints"
-    command = [ERPO, "fit", "--config", str(config_path), "--trainer.default_root_dir", str(tmp_path / run)]
     callback = {
         "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
         "init_args": {"dirpath": str(checkpoints), "every_n_train_steps": 1, "save_top_k": -1, "filename": "{step}"},
     }
-    command += ["--trainer.callbacks", yaml.safe_dump([callback], default_flow_style=True).strip(), *args]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
+    callbacks = yaml.safe_dump([callback], default_flow_style=True).strip()
+    args = ("--trainer.default_root_dir", str(tmp_path / run), "--trainer.callbacks", callbacks, *args)
+    done = run_erpo("fit", "--config", str(config_path), *args, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     return checkpoints
 
@@ -114,33 +108,18 @@ def fit(tmp_path, config_path, run, *args):
 @pytest.mark.slow
 def test_sgd_with_step_schedule_from_yaml_trains_and_resumes(tmp_path, tiny_model_path, benchmarks_dir):
     (tmp_path / "parity_reward.py").write_text(PARITY_REWARD)
-    config = {
-        "seed_everything": 0,
-        "trainer": {"max_steps": 2, "accelerator": "cpu", "logger": False, "enable_progress_bar": False},
-        "model": {
-            "model_path": str(tiny_model_path),
-            "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05, "momentum": 0.9}},
-            "lr_scheduler": {
-                "class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 1, "gamma": 0.5}
-            },
-        },
-        "data": {
-            "train": [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}],
-            "template": "plain",
-            "max_prompt_length": 1024,
-            "batch_size": 2,
-            "cache_dir": str(tmp_path / "reference"),
-        },
-        "rollout": {
-            "engine": {"class_path": "erpo_lightning.rollout.HFEngine"},
-            "reward": {"class_path": "parity_reward.ParityReward"},
-            "group_size": 4,
-            "max_new_tokens": 6,
-            "seed": 0,
-        },
-    }  # fmt: skip
-    config_path = tmp_path / "sgd.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    optimizer = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05, "momentum": 0.9}}
+    schedule = {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 1, "gamma": 0.5}}
+    config = fit_config(
+        tiny_model_path,
+        [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}],
+        tmp_path,
+        trainer={"enable_progress_bar": False},
+        model={"optimizer": optimizer, "lr_scheduler": schedule},
+        data={"cache_dir": str(tmp_path / "reference")},
+        rollout={"reward": {"class_path": "parity_reward.ParityReward"}, "group_size": 4},
+    )
+    config_path = write_config(tmp_path / "sgd.yaml", config)
     full = fit(tmp_path, config_path, "full")
     resumed = fit(tmp_path, config_path, "resumed", "--ckpt_path", str(full / "step=1.ckpt"))
     assert sorted(path.name for path in resumed.iterdir()) == ["step=2.ckpt"]  # it continued from step 1

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fit_configs import csv_logger, fit_config, run_erpo, write_config
 
 from erpo_lightning.gguf import MANIFEST_NAME, is_gguf, resolve_model_path
 from erpo_lightning.rollout import HFEngine, VLLMEngine
@@ -113,9 +114,6 @@ def test_smollm2_prepared_from_pypi_loads_chats_and_generates(smollm2_dir):
 def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
     """`erpo fit` with `model.model_path: <file>.gguf`: the CLI trains the cached conversion, two real steps."""
     import csv
-    import os
-    import subprocess
-    import sys
 
     import yaml
 
@@ -123,36 +121,18 @@ def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
     from erpo_lightning.data.sources import BENCHMARK_DIR
     from erpo_lightning.real_model import smollm2_gguf
 
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "max_steps": 2,
-            "accelerator": "cpu",
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}},
-            "enable_checkpointing": False,
-            "log_every_n_steps": 1,
-        },
-        "model": {"model_path": str(smollm2_gguf()), "algorithm": "erpo", "learning_rate": 1e-5},
-        "data": {
-            "train": [{"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 4}],
-            "template": "qwen25-math-cot",
-            "max_prompt_length": 256,
-            "batch_size": 2,
-            "cache_dir": str(tmp_path / "cache"),
-        },
-        "rollout": {
-            "engine": {"class_path": "erpo_lightning.rollout.HFEngine"},
-            "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
-            "group_size": 2,
-            "max_new_tokens": 8,
-            "seed": 0,
-        },
-    }
-    path = tmp_path / "gguf.yaml"
-    path.write_text(yaml.safe_dump(config))
-    erpo = str(Path(sys.executable).with_name("erpo"))
-    env = {**os.environ, "ERPO_CACHE_HOME": str(cache_home())}  # the fixture's conversion, not a second one
-    done = subprocess.run([erpo, "fit", "--config", str(path)], capture_output=True, text=True, env=env, timeout=900)
+    config = fit_config(
+        smollm2_gguf(),
+        [{"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 4}],
+        tmp_path,
+        trainer={"logger": csv_logger(tmp_path), "enable_checkpointing": False, "log_every_n_steps": 1},
+        model={"learning_rate": 1e-5},
+        data={"template": "qwen25-math-cot", "max_prompt_length": 256},
+        rollout={"max_new_tokens": 8},
+    )
+    path = write_config(tmp_path / "gguf.yaml", config)
+    # The fixture's conversion, not a second one.
+    done = run_erpo("fit", "--config", str(path), env={"ERPO_CACHE_HOME": str(cache_home())}, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     (metrics_file,) = tmp_path.rglob("metrics.csv")
     rows = [row for row in csv.DictReader(metrics_file.open()) if row.get("train/loss")]
@@ -216,9 +196,6 @@ def test_the_smollm2_example_config_trains_two_small_steps(smollm2_dir, tmp_path
     """configs/smollm2_arith.yaml as shipped, shrunk by flags only: vLLM rollouts, ERPO steps, before/after sweeps."""
     import csv
     import json
-    import os
-    import subprocess
-    import sys
 
     pytest.importorskip("vllm")
     from erpo_lightning.data.fingerprint import cache_home
@@ -237,10 +214,9 @@ def test_the_smollm2_example_config_trains_two_small_steps(smollm2_dir, tmp_path
         "trainer.callbacks.init_args.sweep.max_problems": "2",
         "trainer.callbacks.init_args.sweep.temperatures": "[1.0]",
     }
-    erpo = str(Path(sys.executable).with_name("erpo"))
-    command = [erpo, "fit", "--config", str(SMOLLM2_CONFIG), *(f"--{key}={value}" for key, value in flags.items())]
-    env = {**os.environ, "ERPO_CACHE_HOME": str(cache_home())}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=SMOLLM2_CONFIG.parents[1], timeout=3600)
+    args = ["fit", "--config", str(SMOLLM2_CONFIG), *(f"--{key}={value}" for key, value in flags.items())]
+    env = {"ERPO_CACHE_HOME": str(cache_home())}
+    done = run_erpo(*args, cwd=SMOLLM2_CONFIG.parents[1], env=env, timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
     (metrics_file,) = tmp_path.rglob("metrics.csv")
     rows = list(csv.DictReader(metrics_file.open()))
@@ -261,9 +237,6 @@ def test_smollm2_in_bfloat16_end_to_end_starts_at_query_kl_zero(smollm2_dir, tmp
     """configs/smollm2_bf16.yaml over the example: policy, reference scores and vLLM in bfloat16, one step."""
     import csv
     import json
-    import os
-    import subprocess
-    import sys
 
     import yaml
 
@@ -279,11 +252,10 @@ def test_smollm2_in_bfloat16_end_to_end_starts_at_query_kl_zero(smollm2_dir, tmp
         "data.train": '[{"path": "erpo_lightning/toy/shipped/train.jsonl", "limit": 4}]',
         "rollout.max_new_tokens": "8",
     }
-    erpo = str(Path(sys.executable).with_name("erpo"))
-    command = [erpo, "fit", "--config", str(SMOLLM2_CONFIG), "--config", str(overlay)]
-    command += [f"--{key}={value}" for key, value in flags.items()]
-    env = {**os.environ, "ERPO_CACHE_HOME": str(cache_home())}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=SMOLLM2_CONFIG.parents[1], timeout=3600)
+    args = ["fit", "--config", str(SMOLLM2_CONFIG), "--config", str(overlay)]
+    args += [f"--{key}={value}" for key, value in flags.items()]
+    env = {"ERPO_CACHE_HOME": str(cache_home())}
+    done = run_erpo(*args, cwd=SMOLLM2_CONFIG.parents[1], env=env, timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
     (hparams_file,) = tmp_path.rglob("hparams.yaml")
     assert yaml.safe_load(hparams_file.read_text())["dtype"] == "bfloat16"
