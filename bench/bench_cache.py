@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from interleave import alternating
 
 from erpo_lightning.data import QueryDataModule, compute_reference_logprobs, load_reference_model
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs, plan_batches, plan_chunks, right_padded
@@ -39,16 +40,14 @@ def synchronize(device: torch.device) -> None:
 
 
 def timed_interleaved(methods: dict, device: torch.device, repeats: int) -> dict[str, float]:
-    """Best wall time (seconds) of each method over `repeats` rounds; rounds interleave the methods so that a
-    change in machine load (shared CPUs) affects all of them alike."""
+    """Best wall time (seconds) of each method over `repeats` interleaved rounds (interleave.alternating)."""
     best = dict.fromkeys(methods, float("inf"))
-    for _ in range(repeats):
-        for name, function in methods.items():
-            synchronize(device)
-            start = time.perf_counter()
-            function()
-            synchronize(device)
-            best[name] = min(best[name], time.perf_counter() - start)
+    for _, name in alternating(list(methods), repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        methods[name]()
+        synchronize(device)
+        best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from bench_rollout import MODELS, REAL_MODELS, load_model
+from interleave import alternating
 
 from erpo_lightning.rollout import SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.engine import declare_context
@@ -145,9 +146,8 @@ def time_calls(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]
     for run in sides.values():  # warm-up: first-call allocations out of the timings
         run(0)
     calls: dict[str, list[tuple[float, int]]] = {name: [] for name in sides}
-    for round_ in range(args.rounds):
-        for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
-            calls[name].append(sides[name](round_ + 1))
+    for round_index, name in alternating(list(sides), args.rounds):
+        calls[name].append(sides[name](round_index + 1))
 
     def per_token(name: str) -> float:
         return statistics.median(seconds / tokens for seconds, tokens in calls[name])

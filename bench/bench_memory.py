@@ -27,12 +27,11 @@ import json
 import math
 import re
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+from interleave import run_workers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from erpo_lightning.logprobs import (
@@ -176,18 +175,11 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
 
-    runs: dict[str, dict[str, list[dict]]] = {dtype: {path: [] for path in args.paths} for dtype in args.dtypes}
-    for round_index in range(args.rounds):
-        order = args.paths if round_index % 2 == 0 else args.paths[::-1]
-        for dtype in args.dtypes:
-            for path in order:
-                command = [sys.executable, __file__, *sys.argv[1:], "--path", path, "--dtype", dtype]
-                done = subprocess.run(command, capture_output=True, text=True)
-                if done.returncode != 0:
-                    sys.exit(f"worker {path}/{dtype} failed:\n{done.stderr[-3000:]}")
-                runs[dtype][path].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    workers = {f"{dtype}/{path}": ["--path", path, "--dtype", dtype] for dtype in args.dtypes for path in args.paths}
+    runs = run_workers(__file__, workers, args.rounds)
     results = {}
-    for dtype, by_path in runs.items():
+    for dtype in args.dtypes:
+        by_path = {path: runs[f"{dtype}/{path}"] for path in args.paths}
         summary = {
             path: {
                 "step_s_median": statistics.median(t for run in path_runs for t in run["step_s"]),

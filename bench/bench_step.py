@@ -16,13 +16,12 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from interleave import run_workers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from erpo_lightning.rollout.batch import QueryBatch, assemble_batch
@@ -149,13 +148,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as workdir:
         build_model(args.size, Path(workdir) / "model")
-        results: dict[str, list[dict]] = {name: [] for name in ALGORITHMS}
-        for round_index in range(args.rounds):
-            order = ALGORITHMS if round_index % 2 == 0 else ALGORITHMS[::-1]  # interleave against drift
-            for name in order:
-                command = [sys.executable, __file__, *sys.argv[1:], "--algorithm", name, "--workdir", workdir]
-                done = subprocess.run(command, capture_output=True, text=True, check=True)
-                results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        workers = {name: ["--algorithm", name, "--workdir", workdir] for name in ALGORITHMS}
+        results = run_workers(__file__, workers, args.rounds)
     summary = {
         name: {
             "step_s_median": statistics.median(t for run in runs for t in run["step_s"]),

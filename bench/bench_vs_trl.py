@@ -31,13 +31,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from interleave import run_workers
 
 # name -> (side, our algorithm or TRL's beta)
 CONFIGS = {
@@ -231,15 +231,9 @@ def main() -> None:
             build_model(args.size, Path(workdir) / "model")
         elif not (Path(args.model) / "config.json").is_file():
             sys.exit(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
-        results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
-        for round_index in range(args.rounds):
-            order = list(CONFIGS) if round_index % 2 == 0 else list(CONFIGS)[::-1]
-            for name in order:
-                command = [sys.executable, __file__, *sys.argv[1:], "--config", name, "--workdir", workdir]
-                done = subprocess.run(command, capture_output=True, text=True)
-                if done.returncode != 0:
-                    sys.exit(f"worker {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-                results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        results = run_workers(
+            __file__, {name: ["--config", name, "--workdir", workdir] for name in CONFIGS}, args.rounds
+        )
     summary = {
         name: {
             **{

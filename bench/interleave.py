@@ -1,0 +1,28 @@
+"""Interleaved runs for the benches: every side once per round, in an order reversed every other round, so that a
+change in the machine's load (shared CPUs) hits all sides alike. Ratios are then taken within one run."""
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+
+
+def alternating(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, name) for `rounds` rounds of every name: in order in even rounds, reversed in odd ones."""
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else list(reversed(names)):
+            yield round_index, name
+
+
+def run_workers(script: str, workers: dict[str, list[str]], rounds: int) -> dict[str, list[dict]]:
+    """Run `python script <this command's arguments> <flags>` for each worker's flags, each in a fresh process (so
+    its peak memory is its own), interleaved over `rounds`. Returns, per worker, the JSON object each run printed
+    on its last line of output; exits naming the worker and its stderr tail when one fails."""
+    results: dict[str, list[dict]] = {name: [] for name in workers}
+    for _, name in alternating(list(workers), rounds):
+        command = [sys.executable, script, *sys.argv[1:], *workers[name]]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"worker {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return results
