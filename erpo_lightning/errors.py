@@ -17,6 +17,8 @@ from collections.abc import Callable
 DEBUG_FLAG = "--debug"
 DEBUG_HINT = "(run again with ERPO_DEBUG=1 or --debug for the full traceback)"
 MAX_MESSAGE_CHARS = 2000
+# The logger of vLLM's weight reloading (`reload_weights`), which the VLLMEngine's weight sync calls.
+VLLM_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 # Messages whose own text says what went wrong; other exception types are prefixed with their name.
 _SELF_EXPLANATORY = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
@@ -77,6 +79,10 @@ def quiet_known_warnings() -> None:
     - Lightning's note that TensorBoard is not installed: the CSV logger it falls back to is what we use.
     - torch's deprecation of `LeafSpec`, triggered inside Lightning, not by this project.
     - Lightning's litlogger advertisement (an info log line).
+    - vLLM's "RotaryEmbedding: Failed to load weights" at every weight sync: the rotary layer's cos/sin table is
+      computed from the config, not a weight, so no checkpoint or policy state dict holds it and vLLM keeps the
+      table it has (the engine-trainer log-prob gap after a sync shows the weights arrived). The same notice for
+      any other layer still shows.
     """
     for message, category in (
         (r"Using ModelCheckpoint with manual optimization and every_n_train_steps", UserWarning),
@@ -84,8 +90,12 @@ def quiet_known_warnings() -> None:
         (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     ):
         warnings.filterwarnings("ignore", message=message, category=category)
-    tip = _DropMessages(("💡 Tip: For seamless cloud logging",))
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    tip = ("💡 Tip: For seamless cloud logging",)
+    for name, prefixes in (
+        ("lightning.pytorch.utilities.rank_zero", tip),
+        ("lightning.fabric.utilities.rank_zero", tip),
+        (VLLM_RELOAD_LOGGER, ("RotaryEmbedding: Failed to load weights",)),
+    ):
         logger = logging.getLogger(name)
         if not any(isinstance(existing, _DropMessages) for existing in logger.filters):
-            logger.addFilter(tip)
+            logger.addFilter(_DropMessages(prefixes))

