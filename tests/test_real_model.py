@@ -263,6 +263,8 @@ def test_smollm2_in_bfloat16_end_to_end_starts_at_query_kl_zero(smollm2_dir, tmp
     assert manifest["dtype"] == "bfloat16"  # the reference scores were computed in the policy's dtype
     (metrics_file,) = tmp_path.rglob("metrics.csv")
     (step,) = [row for row in csv.DictReader(metrics_file.open()) if row.get("train/loss")]
-    assert float(step["train/query_kl"]) == 0.0  # θ = θ0, both sides in bfloat16: exactly, not approximately
+    # θ = θ0, both sides in bfloat16: zero up to the rounding of CPU matmuls over differently shaped batches (the
+    # cache scores queries in its own batches): 1.5e-9 measured (docs/real_model.md), where a drifted run logs 0.01-10.
+    assert 0.0 <= float(step["train/query_kl"]) < 1e-6
     gap = float(step["train/logprob_abs_diff"])
     assert 0.0 <= gap < 1.0, gap  # bf16 engine vs bf16 trainer; the measured value is in docs/real_model.md

@@ -1,0 +1,152 @@
+"""What our training step costs beyond the model: ERPOModule's step (through Lightning) against a plain PyTorch loop
+over the same model, rollout batch and optimizer; prints JSON, and a torch.profiler table of one of our steps on
+stderr.
+
+The plain loop is the least a GRPO step must do: one forward, response log-softmax, the token-mean policy-gradient
+loss, backward, gradient clipping at 1.0, AdamW. `ours` is `ERPOModule(algorithm=...)` fed a replayed batch (as
+bench_step.py does), `*_fused` the same with torch's fused AdamW (TRL's default optimizer, `adamw_torch_fused`).
+The four sides are interleaved in one process over `--rounds`; medians over `--steps` timed steps each (after one
+warm-up step).
+
+    .venv/bin/python bench/profile_step.py [--size 20m] [--queries 4] [--group-size 4] [--rounds 2] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from bench_step import SIZES, build_model, rollout_batch
+from interleave import alternating
+from transformers import AutoModelForCausalLM
+
+from erpo_lightning.data.cache import ReferenceLogprobCache
+from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.modules.erpo_module import ERPOModule
+
+SIDES = ("ours", "ours_fused", "plain", "plain_fused")
+
+
+def our_module(model_path: Path, batch, algorithm: str, fused: bool) -> ERPOModule:
+    settings = {"algorithm": algorithm, "gradient_clip_norm": 1.0}
+    if fused:
+        settings["optimizer"] = lambda params: torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0, fused=True)
+    else:
+        settings.update(learning_rate=1e-6, weight_decay=0.0)
+    module = ERPOModule(str(model_path), **settings)
+    module.configure_model()
+    rollout = batch.rollout
+    prompts = rollout.input_ids[rollout.is_group_leader, : rollout.prompt_length]
+    masks = rollout.attention_mask[rollout.is_group_leader, : rollout.prompt_length]
+    with torch.no_grad():  # what `erpo cache` computes once: the initial model's query log-probs
+        scored = sequence_logprobs(module.policy, prompts, masks)
+    module.reference_cache = ReferenceLogprobCache.from_rows([s[m.bool()] for s, m in zip(scored, masks, strict=True)])
+    return module
+
+
+def fit_steps(module: ERPOModule, batch, steps: int, callbacks=()) -> list[float]:
+    """Seconds of each of `steps` training steps after a warm-up one (Lightning's batch start to batch end)."""
+    times: list[float] = []
+
+    class Timer(L.Callback):
+        def on_train_batch_start(self, *_):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, *_):
+            times.append(time.perf_counter() - self.start)
+
+    trainer = L.Trainer(
+        max_steps=steps + 1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[Timer(), *callbacks],
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None,
+                                                                      collate_fn=lambda item: item))  # fmt: skip
+    return times[1:]
+
+
+def plain_steps(model_path: Path, batch, steps: int, fused: bool) -> list[float]:
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0, fused=fused)
+    rollout, width = batch.rollout, batch.rollout.prompt_length
+    advantages = torch.randn(rollout.num_rows, 1, generator=torch.Generator().manual_seed(0))
+    mask = rollout.response_mask.float()
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        logits = model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask).logits[:, width - 1 : -1]
+        logprobs = torch.log_softmax(logits.float(), -1).gather(-1, rollout.input_ids[:, width:, None]).squeeze(-1)
+        ratio = torch.exp(logprobs - logprobs.detach())
+        loss = -(ratio * advantages * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
+class ProfileSecondStep(L.Callback):
+    """torch.profiler over the second training step (the first is the warm-up); its table goes to stderr."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def on_train_batch_start(self, *_):
+        self.step += 1
+        if self.step == 2:
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.__enter__()
+
+    def on_train_batch_end(self, *_):
+        if self.step == 2:
+            self.profiler.__exit__(None, None, None)
+            table = self.profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+            print(table, file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=SIZES, default="20m")
+    parser.add_argument("--algorithm", default="grpo")
+    parser.add_argument("--queries", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=40)
+    parser.add_argument("--response-len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model_path = Path(tempfile.mkdtemp()) / "model"
+    build_model(args.size, model_path)
+    batch = rollout_batch(args, SIZES[args.size]["vocab_size"])
+    times: dict[str, list[float]] = {side: [] for side in SIDES}
+    for _, side in alternating(SIDES, args.rounds):
+        fused = side.endswith("_fused")
+        if side.startswith("ours"):
+            times[side] += fit_steps(our_module(model_path, batch, args.algorithm, fused), batch, args.steps)
+        else:
+            times[side] += plain_steps(model_path, batch, args.steps, fused)
+    fit_steps(our_module(model_path, batch, args.algorithm, False), batch, 2, [ProfileSecondStep()])
+    medians = {side: round(statistics.median(values), 4) for side, values in times.items()}
+    report = {
+        "config": vars(args),
+        "step_s_median": medians,
+        "ours_over_plain": round(medians["ours"] / medians["plain"], 3),
+        "fused_over_default": {
+            "ours": round(medians["ours_fused"] / medians["ours"], 3),
+            "plain": round(medians["plain_fused"] / medians["plain"], 3),
+        },
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
