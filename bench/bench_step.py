@@ -73,12 +73,24 @@ def rollout_batch(args, vocab_size: int) -> QueryBatch:
     return QueryBatch(query_index, prompts, [""] * args.queries, rollout=rollout)
 
 
+def attach_reference_cache(module, batch: QueryBatch, device: torch.device) -> None:
+    """What `erpo cache` computes once before training: the initial policy's log-probs of the batch's queries, one
+    value per prompt token, set as `module.reference_cache`."""
+    from erpo_lightning.data.cache import ReferenceLogprobCache
+    from erpo_lightning.logprobs import sequence_logprobs
+
+    rollout = batch.rollout
+    prompts = rollout.input_ids[rollout.is_group_leader, : rollout.prompt_length]
+    masks = rollout.attention_mask[rollout.is_group_leader, : rollout.prompt_length]
+    with torch.no_grad():
+        scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
+    module.reference_cache = ReferenceLogprobCache.from_rows([s[m.bool()] for s, m in zip(scored, masks, strict=True)])
+
+
 def worker(args) -> dict:
     """One algorithm: warm-up step, then `--steps` timed steps; returns times and peak memory."""
     import lightning as L
 
-    from erpo_lightning.data.cache import ReferenceLogprobCache
-    from erpo_lightning.logprobs import sequence_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
 
     torch.set_num_threads(args.threads)
@@ -89,13 +101,8 @@ def worker(args) -> dict:
     )
     module.configure_model()
     device = torch.device(args.device)
-    with torch.no_grad():  # the reference cache: one value per prompt token, from the initial model
-        rollout = batch.rollout
-        prompts = rollout.input_ids[rollout.is_group_leader, : rollout.prompt_length]
-        masks = rollout.attention_mask[rollout.is_group_leader, : rollout.prompt_length]
-        module.policy.to(device)
-        scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
-    module.reference_cache = ReferenceLogprobCache.from_rows([s[m.bool()] for s, m in zip(scored, masks, strict=True)])
+    module.policy.to(device)
+    attach_reference_cache(module, batch, device)
 
     times: list[float] = []
 

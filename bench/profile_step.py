@@ -23,12 +23,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from bench_step import SIZES, build_model, rollout_batch
+from bench_step import SIZES, attach_reference_cache, build_model, rollout_batch
 from interleave import alternating
 from transformers import AutoModelForCausalLM
 
-from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 
 SIDES = ("ours", "ours_fused", "plain", "plain_fused")
@@ -42,12 +40,7 @@ def our_module(model_path: Path, batch, algorithm: str, fused: bool) -> ERPOModu
         settings.update(learning_rate=1e-6, weight_decay=0.0)
     module = ERPOModule(str(model_path), **settings)
     module.configure_model()
-    rollout = batch.rollout
-    prompts = rollout.input_ids[rollout.is_group_leader, : rollout.prompt_length]
-    masks = rollout.attention_mask[rollout.is_group_leader, : rollout.prompt_length]
-    with torch.no_grad():  # what `erpo cache` computes once: the initial model's query log-probs
-        scored = sequence_logprobs(module.policy, prompts, masks)
-    module.reference_cache = ReferenceLogprobCache.from_rows([s[m.bool()] for s, m in zip(scored, masks, strict=True)])
+    attach_reference_cache(module, batch, torch.device("cpu"))
     return module
 
 
