@@ -9,8 +9,8 @@ Paths, each in its own subprocess (interleaved over `--rounds`, order reversed e
 - `old`: `prompt_response_token_logprobs` and `token_entropy` as they were before the chunked path (float32 copies
   of the logits, the scaled one kept by `logsumexp` for backward; the entropy by whole rows), re-stated below;
 - `new`: `logprobs.prompt_response_token_logprobs` (chunked autograd function) and `logprobs.token_entropy` (chunked
-  by positions), called as the trainer calls them today;
-- `fused`: `logprobs.prompt_response_logprobs_and_entropy`, the entropy from the same pass.
+  by positions), two passes over the logits;
+- `fused`: `logprobs.prompt_response_logprobs_and_entropy`, the entropy from the same pass: what the trainer calls.
 
 Peak memory of a step is, on CPU, the rise of the process's resident-set high-water mark over the step (reset
 through /proc/self/clear_refs just before it), on CUDA `max_memory_allocated` over the step. Each subprocess does one

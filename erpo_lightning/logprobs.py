@@ -9,6 +9,7 @@ not grow with float32 N·L·V: for 4k tokens of a 152k vocabulary each float32 c
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -220,6 +221,31 @@ def sequence_logprobs(
     return gather_token_logprobs(causal_lm_logits(model, input_ids, attention_mask), input_ids, temperature)
 
 
+def response_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Forward `model` over `[prompt; response]` rows and return the response tokens' log-probs only.
+
+    The output layer runs on the R + 1 positions that predict response tokens (`logits_to_keep`), not on the prompt:
+    with a large vocabulary it is a sizeable share of a small model's forward. What the reference model, the
+    old-policy recompute and the engine-mismatch check need; the trainer's own forward also scores the prompt.
+
+    Args:
+        model: a causal LM; one whose `forward` has no `logits_to_keep` is scored over every position.
+        input_ids, attention_mask: [N, P + R], prompts left-padded to width P, responses right-padded.
+        prompt_length: P.
+    Returns:
+        [N, R] float32 log p(response token | everything before it) at `temperature`; padding columns are junk.
+    """
+    keep = input_ids.shape[1] - prompt_length + 1
+    logits = causal_lm_logits(model, input_ids, attention_mask, logits_to_keep=keep)
+    return gather_token_logprobs(logits[:, -keep:], input_ids[:, prompt_length - 1 :], temperature)[:, 1:]
+
+
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_tokens: int | None = None) -> torch.Tensor:
     """Entropy (nats) of `softmax(logits / temperature)` at every position, without gradients.
@@ -243,11 +269,23 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_tokens: 
     return entropy
 
 
-def causal_lm_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[N, L, V] logits of a forward over padded rows, positions numbered from each row's first real token."""
+def causal_lm_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, logits_to_keep: int = 0
+) -> torch.Tensor:
+    """[N, L, V] logits of a forward over padded rows, positions numbered from each row's first real token.
+
+    `logits_to_keep` > 0 asks the model for the last that many positions' logits only (Hugging Face's argument);
+    a model without the argument returns all of them, so callers slice `[:, -logits_to_keep:]` themselves.
+    """
+    extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and _accepts_logits_to_keep(model) else {}
     return model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
+        **extra,
     ).logits
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters

@@ -7,6 +7,7 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.logprobs import (
     gather_token_logprobs,
     prompt_response_token_logprobs,
+    response_logprobs,
     sequence_logprobs,
     token_entropy,
 )
@@ -53,3 +54,39 @@ def test_token_entropy_matches_categorical_for_every_chunking():
     uniform = token_entropy(torch.zeros(2, 3, 33, dtype=torch.bfloat16))
     torch.testing.assert_close(uniform, torch.full((2, 3), torch.log(torch.tensor(33.0)).item()))
     assert token_entropy(torch.tensor([[[0.0, -1e4]]])).item() == 0.0  # a near-certain token: no NaN from 0·log 0
+
+
+class _WithoutLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no `logits_to_keep` (older or custom models): always all positions."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache):
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache
+        )
+
+
+def test_response_logprobs_equal_the_full_forwards_response_columns(tiny_model):
+    """Scoring only the response (the output layer on R + 1 positions) gives the full forward's response columns,
+    with left-padded prompts and right-padded responses, for models with and without `logits_to_keep`."""
+    torch.manual_seed(1)
+    prompt_length, temperature = 6, 0.7
+    ids = torch.randint(1, 250, (3, prompt_length + 5))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, -2:] = 0
+    calls = []
+    hook = tiny_model.lm_head.register_forward_hook(lambda _m, inputs, _o: calls.append(inputs[0].shape[1]))
+    with torch.no_grad():
+        full = sequence_logprobs(tiny_model, ids, mask, temperature)[:, prompt_length:]
+        kept = response_logprobs(tiny_model, ids, mask, prompt_length, temperature)
+        unkept = response_logprobs(_WithoutLogitsToKeep(tiny_model), ids, mask, prompt_length, temperature)
+    hook.remove()
+    assert calls == [ids.shape[1], 5 + 1, ids.shape[1]]  # the output layer ran on the response positions only
+    real = mask[:, prompt_length:].bool()
+    torch.testing.assert_close(kept[real], full[real], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(unkept[real], full[real], atol=1e-6, rtol=1e-6)
+    assert kept.shape == (3, 5)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
-from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import (
@@ -305,12 +305,13 @@ class RolloutCallback(pl.Callback):
         with eval_mode(policy):
             for start in range(0, rollout.num_rows, size):
                 rows = slice(start, start + size)
-                logprobs = sequence_logprobs(
+                logprobs = response_logprobs(
                     policy,
                     rollout.input_ids[rows].to(device),
                     rollout.attention_mask[rows].to(device),
+                    width_p,
                     temperature,
-                )[:, width_p:].cpu()
+                ).cpu()
                 mask = rollout.response_mask[rows].bool()
                 total += (logprobs - rollout.sampling_logprobs[rows]).abs()[mask].sum().item()
                 count += int(mask.sum())

@@ -20,7 +20,12 @@ from transformers import AutoModelForCausalLM
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, resolve_algorithm
 from erpo_lightning.data.datamodule import QueryDataModule
-from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs, sequence_logprobs, token_entropy
+from erpo_lightning.logprobs import (
+    causal_lm_logits,
+    prompt_response_logprobs_and_entropy,
+    response_logprobs,
+    sequence_logprobs,
+)
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings
@@ -219,13 +224,12 @@ class ERPOModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --------------------------------------------------------------------------------------------- forward passes
-    def _token_logprobs(self, model: torch.nn.Module, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward → ([N, P+R] log-probs, prompt at T=1 and response at the sampling temperature; logits)."""
-        logits = causal_lm_logits(model, micro.input_ids, micro.attention_mask)
-        token_logprobs = prompt_response_token_logprobs(
-            logits, micro.input_ids, micro.prompt_length, self.hparams.temperature
-        )
-        return token_logprobs, logits
+    def _response_logprobs(self, model: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:
+        """[N, R] response log-probs at the sampling temperature, without grad (old policy, reference model)."""
+        with torch.no_grad():
+            return response_logprobs(
+                model, micro.input_ids, micro.attention_mask, micro.prompt_length, self.hparams.temperature
+            )
 
     @torch.no_grad()
     def _recompute_old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -233,10 +237,9 @@ class ERPOModule(L.LightningModule):
         old = torch.zeros_like(batch.sampling_logprobs)
         first_row = 0  # micro-batches are consecutive rows
         for micro, real in self._micro_batches(batch):
-            token_logprobs, _ = self._token_logprobs(self.policy, micro)
+            response = self._response_logprobs(self.policy, micro)
             if not real:
                 continue
-            response = token_logprobs[:, micro.prompt_length :]
             old[first_row : first_row + len(response), : response.shape[1]] = response
             first_row += len(response)
         return old
@@ -278,7 +281,11 @@ class ERPOModule(L.LightningModule):
     def _micro_loss(self, micro: RolloutBatch, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (`objectives.rl_loss`), already divided by the global counts of its step."""
         prompt_length = micro.prompt_length
-        token_logprobs, logits = self._token_logprobs(self.policy, micro)
+        # One forward scores the prompt (at T = 1, for Query-KL) and the response; entropy from the same pass.
+        logits = causal_lm_logits(self.policy, micro.input_ids, micro.attention_mask)
+        token_logprobs, entropy = prompt_response_logprobs_and_entropy(
+            logits, micro.input_ids, prompt_length, self.hparams.temperature
+        )
         query_lp, query_mask, response_lp, _ = obj.split_prompt_response(
             token_logprobs, micro.attention_mask, prompt_length
         )
@@ -286,8 +293,7 @@ class ERPOModule(L.LightningModule):
         old = response_lp.detach() if on_policy else micro.old_logprobs
         ref_response = None
         if self.reference_policy is not None:
-            with torch.no_grad():
-                ref_response = self._token_logprobs(self.reference_policy, micro)[0][:, prompt_length:]
+            ref_response = self._response_logprobs(self.reference_policy, micro)
         reference = self.reference_cache.padded(micro.query_index, prompt_length).to(query_lp)
         # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
         loss, parts = obj.rl_loss(
@@ -298,7 +304,7 @@ class ERPOModule(L.LightningModule):
         )  # fmt: skip
         if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
             parts["logprob_abs_diff"] = (old - micro.sampling_logprobs).abs()
-        parts["entropy"] = token_entropy(logits[:, prompt_length - 1 : -1], self.hparams.temperature)
+        parts["entropy"] = entropy[:, prompt_length:]
         return loss, parts
 
     def _optimizer_step(self, batch: RolloutBatch) -> None:
