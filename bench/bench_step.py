@@ -73,18 +73,13 @@ def rollout_batch(args, vocab_size: int) -> QueryBatch:
     return QueryBatch(query_index, prompts, [""] * args.queries, rollout=rollout)
 
 
-def attach_reference_cache(module, batch: QueryBatch, device: torch.device) -> None:
-    """What `erpo cache` computes once before training: the initial policy's log-probs of the batch's queries, one
-    value per prompt token, set as `module.reference_cache`."""
+def attach_reference_cache(module, batch: QueryBatch) -> None:
+    """What `erpo cache` computes once before training (with the same function): the initial policy's log-probs of
+    the batch's queries, set as `module.reference_cache`."""
     from erpo_lightning.data.cache import ReferenceLogprobCache
-    from erpo_lightning.logprobs import sequence_logprobs
+    from erpo_lightning.data.reference_logprobs import batch_query_logprobs
 
-    rollout = batch.rollout
-    prompts = rollout.input_ids[rollout.is_group_leader, : rollout.prompt_length]
-    masks = rollout.attention_mask[rollout.is_group_leader, : rollout.prompt_length]
-    with torch.no_grad():
-        scored = sequence_logprobs(module.policy, prompts.to(device), masks.to(device)).float().cpu()
-    module.reference_cache = ReferenceLogprobCache.from_rows([s[m.bool()] for s, m in zip(scored, masks, strict=True)])
+    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, batch.prompt_ids))
 
 
 def worker(args) -> dict:
@@ -102,7 +97,7 @@ def worker(args) -> dict:
     module.configure_model()
     device = torch.device(args.device)
     module.policy.to(device)
-    attach_reference_cache(module, batch, device)
+    attach_reference_cache(module, batch)
 
     times: list[float] = []
 

@@ -93,7 +93,7 @@ def run_ours(args, algorithm: str) -> dict:
 
     from erpo_lightning.callbacks.rollout import RolloutCallback
     from erpo_lightning.data.cache import ReferenceLogprobCache
-    from erpo_lightning.logprobs import sequence_logprobs
+    from erpo_lightning.data.reference_logprobs import batch_query_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
     from erpo_lightning.rollout import HFEngine
     from erpo_lightning.rollout.batch import QueryBatch
@@ -107,9 +107,8 @@ def run_ours(args, algorithm: str) -> dict:
         gradient_clip_norm=1.0,
     )  # fmt: skip
     module.configure_model()
-    with torch.no_grad():  # what `erpo cache` does once before training: the initial model's query scores
-        rows = [sequence_logprobs(module.policy, torch.tensor([ids]), torch.ones(1, len(ids)))[0] for ids in prompt_ids]
-    module.reference_cache = ReferenceLogprobCache.from_rows(rows)
+    # What `erpo cache` does once before training, with the same function: the initial model's query scores.
+    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, prompt_ids))
     batches = [  # what QueryDataModule yields; the RolloutCallback attaches each step's rollout
         QueryBatch(
             torch.arange(start, start + args.queries),

@@ -40,7 +40,7 @@ def our_module(model_path: Path, batch, algorithm: str, fused: bool) -> ERPOModu
         settings.update(learning_rate=1e-6, weight_decay=0.0)
     module = ERPOModule(str(model_path), **settings)
     module.configure_model()
-    attach_reference_cache(module, batch, torch.device("cpu"))
+    attach_reference_cache(module, batch)
     return module
 
 
