@@ -1,6 +1,6 @@
 """What our training step costs beyond the model: ERPOModule's step (through Lightning) against a plain PyTorch loop
-over the same model, rollout batch and optimizer; prints JSON, and a torch.profiler table of one of our steps on
-stderr.
+over the same model, rollout batch and optimizer; prints JSON (with the share of one of our steps' CPU time spent in
+`optimizer.step`, the most any optimizer choice can change) and that step's torch.profiler table on stderr.
 
 The plain loop is the least a GRPO step must do: one forward, response log-softmax, the token-mean policy-gradient
 loss, backward, gradient clipping at 1.0, AdamW. `ours` is `ERPOModule(algorithm=...)` fed a replayed batch (as
@@ -100,8 +100,11 @@ class ProfileSecondStep(L.Callback):
     def on_train_batch_end(self, *_):
         if self.step == 2:
             self.profiler.__exit__(None, None, None)
-            table = self.profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-            print(table, file=sys.stderr)
+            events = self.profiler.key_averages()
+            print(events.table(sort_by="self_cpu_time_total", row_limit=15), file=sys.stderr)
+            total = sum(event.self_cpu_time_total for event in events)
+            optimizer = sum(event.cpu_time_total for event in events if event.key.startswith("Optimizer.step"))
+            self.optimizer_share = optimizer / total  # all of optimizer.step, the part fused AdamW could change
 
 
 def main() -> None:
@@ -127,12 +130,16 @@ def main() -> None:
             times[side] += fit_steps(our_module(model_path, batch, args.algorithm, fused), batch, args.steps)
         else:
             times[side] += plain_steps(model_path, batch, args.steps, fused)
-    fit_steps(our_module(model_path, batch, args.algorithm, False), batch, 2, [ProfileSecondStep()])
+    profiled = ProfileSecondStep()
+    fit_steps(our_module(model_path, batch, args.algorithm, False), batch, 2, [profiled])
     medians = {side: round(statistics.median(values), 4) for side, values in times.items()}
     report = {
         "config": vars(args),
         "step_s_median": medians,
+        # The spread says which ratios are noise: steps of one side differ by several percent on a quiet machine.
+        "step_s_min_max": {side: [round(min(values), 4), round(max(values), 4)] for side, values in times.items()},
         "ours_over_plain": round(medians["ours"] / medians["plain"], 3),
+        "optimizer_share_of_our_step_cpu": round(profiled.optimizer_share, 4),
         "fused_over_default": {
             "ours": round(medians["ours_fused"] / medians["ours"], 3),
             "plain": round(medians["plain_fused"] / medians["plain"], 3),

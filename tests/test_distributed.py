@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from fit_configs import ERPO, csv_logger, fit_config, write_config
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.evaluation.validate import load_policy_weights
@@ -156,33 +156,22 @@ def test_global_baseline_weights_and_reference_model_equal_one_process(
 def test_erpo_fit_under_fsdp2_then_export(tmp_path, tiny_model_path, benchmarks_dir):
     """`erpo fit` as a user runs it on 2 processes: FSDP2, HF generate with synced_gpus, a sharded checkpoint that
     `python -m erpo_lightning.modules.sharding` exports to a directory transformers loads."""
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "max_steps": 2, "accelerator": "cpu", "devices": 2, "default_root_dir": str(tmp_path / "run"),
-            "strategy": {
-                "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-                "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
-            },
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(tmp_path / "run")},
-            },
-            "log_every_n_steps": 1,
-        },
-        "model": {"model_path": str(tiny_model_path), "learning_rate": 1e-4, "gradient_checkpointing": True},
-        "data": {"train": [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}], "batch_size": 2},
-        "rollout": {
+    strategy = {
+        "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+        "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+    }
+    config = fit_config(
+        tiny_model_path, [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}], tmp_path / "run",
+        trainer={"devices": 2, "strategy": strategy, "logger": csv_logger(tmp_path / "run"), "log_every_n_steps": 1},
+        model={"learning_rate": 1e-4, "gradient_checkpointing": True},
+        rollout={
             "engine": {"class_path": "erpo_lightning.rollout.HFEngine", "init_args": {"synced_gpus": True}},
-            "reward": {"class_path": "erpo_lightning.rewards.MathReward", "init_args": {"num_workers": 0}},
-            "group_size": 2, "max_new_tokens": 8, "seed": 0,
+            "max_new_tokens": 8,
         },
-    }  # fmt: skip
-    config_path = tmp_path / "fsdp.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    )  # fmt: skip
+    config_path = write_config(tmp_path / "fsdp.yaml", config)
     env = {**os.environ, "ERPO_CACHE_HOME": str(tmp_path / "erpo-cache")}
-    erpo = str(Path(sys.executable).with_name("erpo"))
-    run_command([erpo, "fit", "--config", str(config_path)], env=env, cwd=tmp_path)
+    run_command([ERPO, "fit", "--config", str(config_path)], env=env, cwd=tmp_path)
     rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
     assert len([r for r in rows if r.get("train/query_kl")]) == 2
     checkpoint = next((tmp_path / "run").rglob("*.ckpt"))

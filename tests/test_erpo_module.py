@@ -106,7 +106,19 @@ def test_loss_matches_formula_at_step_zero(setup, estimator):
     assert metrics["train/query_kl"].item() == pytest.approx(expected_kl, abs=1e-6)
     assert metrics["train/ratio_mean"].item() == pytest.approx(1.0, abs=1e-6)
     assert metrics["train/logprob_abs_diff"].item() < 1e-5  # sampling log-probs came from the same weights
+    assert metrics["train/entropy"].item() == pytest.approx(hand_response_entropy(model), abs=1e-5)
     assert module.policy_version == 1
+
+
+def hand_response_entropy(model):
+    """Mean over response tokens of the entropy (nats) of the tempered distribution each was sampled from."""
+    entropies = []
+    with torch.no_grad():
+        for i, response in enumerate(RESPONSES):
+            prompt = PROMPTS[i // 2]
+            logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1] / TEMPERATURE
+            entropies.append(torch.distributions.Categorical(logits=logits).entropy())
+    return torch.cat(entropies).mean().item()
 
 
 def test_rows_masked_by_the_rollout_leave_the_loss(setup):
