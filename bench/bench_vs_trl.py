@@ -1,6 +1,6 @@
 """erpo_lightning against TRL's `GRPOTrainer`: the same model, prompts and settings, rollouts included; prints JSON.
 
-One step = generate G responses for each of `--queries` prompts with Hugging Face `generate`, grade them, one
+One step = generate G responses for each of `--queries` prompts (Hugging Face `generate`, or vLLM), grade them, one
 optimizer step. Both sides use the same model checkpoint (fp32), prompts, group size, response cap, learning rate,
 AdamW without weight decay, gradient clipping at 1.0, no gradient checkpointing, token-mean loss (TRL `dapo`) and
 the same reward function. Each configuration runs in its own subprocess (so its peak RSS is its own), all of them
@@ -19,6 +19,11 @@ clipping, optimizer; our reference-model forward is here), total, and the proces
     .venv/bin/python bench/bench_vs_trl.py                    # CPU, the 17M-parameter Qwen2 (see --help)
     .venv/bin/python bench/bench_vs_trl.py --steps 2 --rounds 1 --max-new-tokens 32    # a quick check
     .venv/bin/python bench/bench_vs_trl.py --model "$(.venv/bin/python -m erpo_lightning.real_model)"  # SmolLM2
+    .venv/bin/python bench/bench_vs_trl.py --engine vllm     # rollouts from in-process vLLM on both sides
+
+With `--engine vllm` ours samples with `VLLMEngine(dtype="float32", enforce_eager=True)` and TRL with its colocated
+vLLM (`use_vllm`, `vllm_mode="colocate"`), built with the same settings (see `trl_vllm_settings`); TRL's
+importance-sampling correction is off, as ours has none.
 
 Needs TRL (`pip install -e '.[trl]'`), a bench-only extra; erpo_lightning never imports it.
 """
@@ -68,6 +73,9 @@ def model_dir(args) -> Path:
     return Path(args.model) if args.model else Path(args.workdir) / "model"
 
 
+MAX_PROMPT_TOKENS = 64  # the prompts below are at most ~45 tokens (byte tokenizer); TRL's vLLM context is this + cap
+
+
 def make_prompts(count: int) -> tuple[list[str], list[str]]:
     """`count` distinct arithmetic prompts and their answers (the same text on both sides, no chat template)."""
     prompts, answers = [], []
@@ -95,7 +103,7 @@ def run_ours(args, algorithm: str) -> dict:
     from erpo_lightning.data.cache import ReferenceLogprobCache
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
-    from erpo_lightning.rollout import HFEngine
+    from erpo_lightning.rollout import HFEngine, VLLMEngine
     from erpo_lightning.rollout.batch import QueryBatch
 
     model_path = model_dir(args)
@@ -131,8 +139,9 @@ def run_ours(args, algorithm: str) -> dict:
             marks.append((step_start.start, self.end, time.perf_counter()))
 
     step_start = StepStart()
+    engine = HFEngine() if args.engine == "hf" else VLLMEngine(dtype="float32", enforce_eager=True)
     rollout = RolloutCallback(
-        HFEngine(), contains_answer, group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens
+        engine, contains_answer, group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens
     )
     trainer = L.Trainer(
         max_steps=args.steps + 1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -163,7 +172,7 @@ def run_trl(args, beta: float) -> dict:
         max_completion_length=args.max_new_tokens, temperature=1.0, learning_rate=args.lr,
         lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, beta=beta, loss_type="dapo",
         use_bias_correction_kl=False, max_steps=args.steps + 1, logging_steps=10**6, shuffle_dataset=False,
-        disable_tqdm=True, seed=0,
+        disable_tqdm=True, seed=0, **trl_vllm_settings(args),
     )  # fmt: skip
     trainer = GRPOTrainer(
         model=str(model_path), reward_funcs=reward, args=config, processing_class=tokenizer,
@@ -192,6 +201,46 @@ def run_trl(args, beta: float) -> dict:
     return summarize(marks[1:])
 
 
+def trl_vllm_settings(args) -> dict:
+    """TRL's colocated vLLM, built with what our `VLLMEngine(enforce_eager=True)` gets on CPU.
+
+    TRL 1.16 passes no `enforce_eager`, KV-cache size or step token budget to `vllm.LLM`, and leaves torch on the one
+    thread vLLM sets when built in-process: its `LLM` is wrapped to add our engine's CPU settings and restore the
+    threads. Its weight sync goes through vLLM 0.32's reload call (below). Importance-sampling correction is off
+    (ours logs the mismatch and does not correct it).
+    """
+    if args.engine == "hf":
+        return {}
+    import trl.generation.vllm_generation as trl_vllm
+
+    from erpo_lightning.rollout.vllm_engine import CPU_KV_CACHE_BYTES, CPU_MAX_BATCHED_TOKENS
+
+    build = trl_vllm.LLM
+
+    def llm_as_ours(**kwargs):
+        threads = torch.get_num_threads()
+        kwargs.update(enforce_eager=True, dtype="float32")
+        if not torch.cuda.is_available():
+            kwargs.update(kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, max_num_batched_tokens=CPU_MAX_BATCHED_TOKENS)
+        llm = build(**kwargs)
+        torch.set_num_threads(threads)
+        return llm
+
+    def sync_weights_vllm_032(self):
+        # TRL's colocated sync calls the model's `load_weights` one tensor at a time, which vLLM 0.32's CPU build
+        # refuses (TRL 1.16 supports vLLM <= 0.31); the same tensors, named by TRL, go through vLLM 0.32's in-place
+        # reload instead, the call our engine makes.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._iter_named_params()})
+        self.llm.reset_prefix_cache()
+
+    trl_vllm.LLM = llm_as_ours
+    trl_vllm.VLLMGeneration.sync_weights = sync_weights_vllm_032
+    return dict(
+        use_vllm=True, vllm_mode="colocate", vllm_importance_sampling_correction=False,
+        vllm_max_model_length=MAX_PROMPT_TOKENS + args.max_new_tokens,
+    )  # fmt: skip
+
+
 def summarize(marks: list[tuple[float, float, float]]) -> dict:
     return {
         "generation_s": [end_gen - start for start, end_gen, _ in marks],
@@ -208,6 +257,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=4, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response cap")
+    parser.add_argument(
+        "--engine", choices=("hf", "vllm"), default="hf", help="rollouts with Hugging Face generate or in-process vLLM"
+    )
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run, after one warm-up step")
     parser.add_argument("--rounds", type=int, default=2)
