@@ -139,12 +139,10 @@ def run_ours(args, algorithm: str) -> dict:
             marks.append((step_start.start, self.end, time.perf_counter()))
 
     step_start = StepStart()
-    # `erpo fit` declares the context to the engine from the data module; here it is TRL's vLLM context.
-    context = MAX_PROMPT_TOKENS + args.max_new_tokens
     if args.engine == "hf":
         engine = HFEngine()
-    else:
-        engine = VLLMEngine(dtype="float32", enforce_eager=True, max_model_len=context)
+    else:  # `erpo fit` declares the context from the data module; here it is the one TRL's vLLM gets
+        engine = VLLMEngine(dtype="float32", enforce_eager=True, max_model_len=MAX_PROMPT_TOKENS + args.max_new_tokens)
     rollout = RolloutCallback(
         engine, contains_answer, group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens
     )
