@@ -82,10 +82,41 @@ def attach_reference_cache(module, batch: QueryBatch) -> None:
     module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, batch.prompt_ids))
 
 
-def worker(args) -> dict:
-    """One algorithm: warm-up step, then `--steps` timed steps; returns times and peak memory."""
+CPU = torch.device("cpu")
+
+
+def fit_replayed(module, batch: QueryBatch, steps: int, device: torch.device = CPU, callbacks=()) -> tuple:
+    """Fit `module` on `batch` replayed `steps` + 1 times. Returns the seconds of each step after the warm-up one
+    (Lightning's batch start to batch end, CUDA synchronized) and the trainer (for its logged metrics)."""
     import lightning as L
 
+    times: list[float] = []
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    class StepTimer(L.Callback):
+        def on_train_batch_start(self, *_):
+            synchronize()
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, *_):
+            synchronize()
+            times.append(time.perf_counter() - self.start)
+
+    trainer = L.Trainer(
+        max_steps=steps + 1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[StepTimer(), *callbacks],
+    )  # fmt: skip
+    loader = torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None, collate_fn=lambda b: b)
+    trainer.fit(module, train_dataloaders=loader)
+    return times[1:], trainer
+
+
+def worker(args) -> dict:
+    """One algorithm: warm-up step, then `--steps` timed steps; returns times and peak memory."""
     from erpo_lightning.modules.erpo_module import ERPOModule
 
     torch.set_num_threads(args.threads)
@@ -99,33 +130,15 @@ def worker(args) -> dict:
     module.policy.to(device)
     attach_reference_cache(module, batch)
 
-    times: list[float] = []
-
-    class StepTimer(L.Callback):
-        def on_train_batch_start(self, *_):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, *_):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - self.start)
-
-    trainer = L.Trainer(
-        max_steps=args.steps + 1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[StepTimer()],
-    )  # fmt: skip
-    loader = torch.utils.data.DataLoader([batch] * (args.steps + 1), batch_size=None, collate_fn=lambda b: b)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    trainer.fit(module, train_dataloaders=loader)
+    times, trainer = fit_replayed(module, batch, args.steps, device)
     peak = (
         torch.cuda.max_memory_allocated() / 2**20
         if device.type == "cuda"
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     )
-    return {"step_s": times[1:], "peak_mib": peak, "query_kl": float(trainer.callback_metrics["train/query_kl"])}
+    return {"step_s": times, "peak_mib": peak, "query_kl": float(trainer.callback_metrics["train/query_kl"])}
 
 
 def main() -> None:

@@ -142,7 +142,7 @@ def run_ours(args, algorithm: str) -> dict:
     if args.engine == "hf":
         engine = HFEngine()
     else:  # `erpo fit` declares the context from the data module; here it is the one TRL's vLLM gets
-        engine = VLLMEngine(dtype="float32", enforce_eager=True, max_model_len=MAX_PROMPT_TOKENS + args.max_new_tokens)
+        engine = VLLMEngine(dtype="float32", enforce_eager=True, max_model_len=vllm_context(args))
     rollout = RolloutCallback(
         engine, contains_answer, group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens
     )
@@ -204,6 +204,11 @@ def run_trl(args, beta: float) -> dict:
     return summarize(marks[1:])
 
 
+def vllm_context(args) -> int:
+    """Both sides' vLLM `max_model_len`: the longest prompt and the response cap."""
+    return MAX_PROMPT_TOKENS + args.max_new_tokens
+
+
 def trl_vllm_settings(args) -> dict:
     """TRL's colocated vLLM, built with what our `VLLMEngine(enforce_eager=True)` gets on CPU.
 
@@ -240,7 +245,7 @@ def trl_vllm_settings(args) -> dict:
     trl_vllm.VLLMGeneration.sync_weights = sync_weights_vllm_032
     return dict(
         use_vllm=True, vllm_mode="colocate", vllm_importance_sampling_correction=False,
-        vllm_max_model_length=MAX_PROMPT_TOKENS + args.max_new_tokens,
+        vllm_max_model_length=vllm_context(args),
     )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from bench_step import SIZES, attach_reference_cache, build_model, rollout_batch
+from bench_step import SIZES, attach_reference_cache, build_model, fit_replayed, rollout_batch
 from interleave import alternating
 from transformers import AutoModelForCausalLM
 
@@ -42,26 +42,6 @@ def our_module(model_path: Path, batch, algorithm: str, fused: bool) -> ERPOModu
     module.configure_model()
     attach_reference_cache(module, batch)
     return module
-
-
-def fit_steps(module: ERPOModule, batch, steps: int, callbacks=()) -> list[float]:
-    """Seconds of each of `steps` training steps after a warm-up one (Lightning's batch start to batch end)."""
-    times: list[float] = []
-
-    class Timer(L.Callback):
-        def on_train_batch_start(self, *_):
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, *_):
-            times.append(time.perf_counter() - self.start)
-
-    trainer = L.Trainer(
-        max_steps=steps + 1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[Timer(), *callbacks],
-    )  # fmt: skip
-    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None,
-                                                                      collate_fn=lambda item: item))  # fmt: skip
-    return times[1:]
 
 
 def plain_steps(model_path: Path, batch, steps: int, fused: bool) -> list[float]:
@@ -127,11 +107,11 @@ def main() -> None:
     for _, side in alternating(SIDES, args.rounds):
         fused = side.endswith("_fused")
         if side.startswith("ours"):
-            times[side] += fit_steps(our_module(model_path, batch, args.algorithm, fused), batch, args.steps)
+            times[side] += fit_replayed(our_module(model_path, batch, args.algorithm, fused), batch, args.steps)[0]
         else:
             times[side] += plain_steps(model_path, batch, args.steps, fused)
     profiled = ProfileSecondStep()
-    fit_steps(our_module(model_path, batch, args.algorithm, False), batch, 2, [profiled])
+    fit_replayed(our_module(model_path, batch, args.algorithm, False), batch, 2, callbacks=[profiled])
     medians = {side: round(statistics.median(values), 4) for side, values in times.items()}
     report = {
         "config": vars(args),
