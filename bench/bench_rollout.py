@@ -27,7 +27,7 @@ import torch
 from interleave import alternating
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine, assemble_batch
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
 
@@ -58,8 +58,10 @@ def time_engines(engines: dict, policy, prompts: list[list[int]], settings: Samp
         tokens = sum(len(s.token_ids) for group in samples for s in group)
         batch = assemble_batch(prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), 0)
         with torch.no_grad():
-            trainer = sequence_logprobs(policy, batch.input_ids, batch.attention_mask, settings.temperature)
-        diff = (trainer[:, batch.prompt_length :] - batch.sampling_logprobs).abs()[batch.response_mask.bool()]
+            trainer = response_logprobs(
+                policy, batch.input_ids, batch.attention_mask, batch.prompt_length, settings.temperature
+            )
+        diff = (trainer - batch.sampling_logprobs).abs()[batch.response_mask.bool()]
         report[name] = {
             "tokens_per_s": round(statistics.median(rates[name]), 1),
             "tokens_per_call": tokens,
