@@ -45,8 +45,7 @@ from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E4
 from erpo_lightning.errors import SettingsError, debug_requested, quiet_known_warnings, run_reporting_errors  # noqa: E402
 from erpo_lightning.evaluation import SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
-from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
-from erpo_lightning.modules.optim import check_optimizer_settings  # noqa: E402
+from erpo_lightning.modules.erpo_module import ERPOModule, check_module_settings  # noqa: E402
 from erpo_lightning.objectives import GROUP_ESTIMATORS  # noqa: E402
 
 # Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
@@ -238,18 +237,11 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         _at_least(config, field, minimum)
     for field in ("data.cache_max_tokens", "data.cache_batch_size", "data.cache_chunk_size"):
         _at_least(config, field, 1)
-    for field, minimum in (("model.num_iterations", 1), ("model.micro_batch_tokens", 1), ("model.warmup_steps", 0)):
-        _at_least(config, field, minimum)
-    _at_least(config, "model.learning_rate", 0, optional=True)
     model = config.model
-    try:
-        check_optimizer_settings(
-            model.optimizer, model.lr_scheduler, model.learning_rate, model.weight_decay, model.warmup_steps
-        )
+    try:  # the module's own checks (its fields, the optimizer's and nan_policy's), as its constructor runs them
+        check_module_settings(model.as_dict())
     except ValueError as error:
         raise SettingsError(str(error)) from None
-    _at_least(config, "model.update_batch_size", 1, optional=True)
-    _at_least(config, "model.max_consecutive_skips", 1)
     try:  # the algorithm's own checks, e.g. query_weight_source 'current' with query_weight_norm 'dataset'
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
     except ValueError as error:

@@ -86,6 +86,12 @@ def fails_in_one_line(capsys, *args) -> str:
         ),
         (["--model.query_weight_clip", "[2.0, 1.0]"], "model.query_weight_clip must be [lo, hi] with 0 <= lo <= hi"),
         (["--model.advantage_eps", "-1"], "model.advantage_eps must be >= 0"),
+        (["--model.gradient_clip_norm", "-1"], "model.gradient_clip_norm must be > 0 (null = no clipping), got -1.0"),
+        (["--model.gradient_clip_norm", "0"], "model.gradient_clip_norm must be > 0 (null = no clipping), got 0.0"),
+        (["--model.dtype", "float16"], "model.dtype must be float32 or bfloat16 (float16 is not supported"),
+        (["--model.weight_decay", "-0.1"], "model.weight_decay must be >= 0 (or null), got -0.1"),
+        (["--model.loss_constant", "0"], "model.loss_constant must be > 0 (or null), got 0.0"),
+        (["--model.max_consecutive_skips", "0"], "model.max_consecutive_skips must be >= 1, got 0"),
     ],
 )
 def test_bad_settings_fail_before_anything_loads(config, capsys, tmp_path, overrides, message):
@@ -101,6 +107,22 @@ def test_reinforce_accepts_one_response_per_query(config, capsys):
         "--ckpt_path", "absent.ckpt",
     )  # fmt: skip
     assert "ckpt_path: no checkpoint at absent.ckpt" in line
+
+
+def test_gradient_clip_norm_null_is_off_and_the_module_checks_its_own_settings(config, capsys, tiny_model_path):
+    line = fails_in_one_line(
+        capsys, "fit", "--config", str(config), "--model.gradient_clip_norm", "null", "--ckpt_path", "absent.ckpt"
+    )
+    assert "ckpt_path: no checkpoint at absent.ckpt" in line  # null passed the checks
+    from erpo_lightning.modules.erpo_module import ERPOModule
+
+    for settings, message in (
+        ({"gradient_clip_norm": -1.0}, "model.gradient_clip_norm must be > 0"),
+        ({"dtype": "float16"}, "use|bfloat16 has float32's range"),
+        ({"micro_batch_tokens": 0}, "model.micro_batch_tokens must be >= 1, got 0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ERPOModule(str(tiny_model_path), **settings)
 
 
 def test_bad_model_paths_are_named(config, capsys, tmp_path, monkeypatch):

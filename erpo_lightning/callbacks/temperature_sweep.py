@@ -90,7 +90,10 @@ class TemperatureSweepCallback(pl.Callback):
     ) -> None:
         self._batches += 1
         if self._batches % self.every_n_steps == 0:
-            pl_module.log_dict(self.evaluate(trainer, pl_module), on_step=True, on_epoch=False, batch_size=1)
+            # Not `pl_module.log_dict`: Lightning would write the values again at every later step.
+            log_outside_step(
+                trainer, self.evaluate(trainer, pl_module), trainer.fit_loop.epoch_loop._batches_that_stepped
+            )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.run_at_end:
@@ -164,10 +167,17 @@ class TemperatureSweepCallback(pl.Callback):
         self.history = [tuple(entry) for entry in state_dict.get("history", [])]
 
 
-def log_outside_step(trainer: pl.Trainer, values: dict[str, torch.Tensor]) -> None:
-    """Log `values` at the current global step from a hook where Lightning allows no `self.log` (train start/end)."""
+def log_outside_step(trainer: pl.Trainer, values: dict[str, torch.Tensor], step: int | None = None) -> None:
+    """Write `values` to the loggers once, at `step` (None = the global step), and into `trainer.callback_metrics`.
+
+    Used where Lightning allows no `self.log` (train start/end), and for sweeps during training: values given to
+    `self.log` stay in Lightning's step results and are written again at every later step.
+    """
     for logger in trainer.loggers:
-        logger.log_metrics({name: float(value) for name, value in values.items()}, step=trainer.global_step)
+        logger.log_metrics(
+            {name: float(value) for name, value in values.items()}, step=trainer.global_step if step is None else step
+        )
+    trainer.callback_metrics.update({name: torch.as_tensor(value) for name, value in values.items()})
 
 
 def print_sweep_summary(

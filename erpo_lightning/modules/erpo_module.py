@@ -9,6 +9,8 @@ optimizer steps per batch, which also works under FSDP2 (`ModelParallelStrategy`
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from typing import Any, Literal
 
@@ -28,13 +30,47 @@ from erpo_lightning.logprobs import (
 )
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows
-from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings
+from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings, weight_norm
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.modules.step_metrics import build_train_metrics, compute_and_reset, update_micro_metrics
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+
+# (field, test, allowed range as the error states it) of the module's own numeric and dtype settings; the optimizer's
+# are checked by `optim.check_optimizer_settings`, nan_policy's by `NonFiniteGuard`, the algorithm's by
+# `resolve_algorithm`.
+_SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("temperature", lambda v: math.isfinite(v) and v > 0, "> 0"),
+    ("num_iterations", lambda v: v >= 1, ">= 1"),
+    ("update_batch_size", lambda v: v is None or v >= 1, ">= 1 (or null)"),
+    ("micro_batch_tokens", lambda v: v >= 1, ">= 1"),
+    ("loss_constant", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (or null)"),
+    ("gradient_clip_norm", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (null = no clipping)"),
+    (
+        "dtype",
+        lambda v: v != "float16",
+        "float32 or bfloat16 (float16 is not supported: without float32 master weights and loss scaling its first "
+        "optimizer step overflows the weights into NaN/inf; bfloat16 has float32's range at float16's memory)",
+    ),
+)
+
+
+def check_module_settings(settings: Mapping[str, Any]) -> None:
+    """ValueError naming the first `model.` setting outside its allowed range (`model.<field> must be ...`).
+
+    `settings` maps ERPOModule's parameter names to values (the constructor's arguments, or the CLI's parsed `model:`
+    group before anything is built); a name missing from it is not checked.
+    """
+    for name, allowed, description in _SETTING_RULES:
+        if name in settings and not allowed(settings[name]):
+            raise ValueError(f"model.{name} must be {description}, got {settings[name]!r}")
+    check_optimizer_settings(
+        settings.get("optimizer"), settings.get("lr_scheduler"), settings.get("learning_rate"),
+        settings.get("weight_decay"), settings.get("warmup_steps", 0),
+    )  # fmt: skip
+    NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
 
 
 class ERPOModule(L.LightningModule):
@@ -57,11 +93,13 @@ class ERPOModule(L.LightningModule):
             the preset's: 0.01 for `erpo_released`, else 0) and its linear warm-up (then constant), in optimizer steps.
         optimizer, lr_scheduler: callables `params -> Optimizer` and `Optimizer -> LRScheduler` (in a config:
             `class_path` + `init_args`); None = the AdamW / `optim.LinearWarmup` above. Which setting wins: optim.py.
-        gradient_clip_norm: max global grad norm (None = no clipping).
+        gradient_clip_norm: max global grad norm, > 0 (None = no clipping).
         monitor_policy_kl: load a frozen reference model to log Policy-KL even when its coefficient is 0.
         nan_policy, max_consecutive_skips: `stop` raises on a non-finite loss/gradient; `skip` drops that optimizer
-            step (not counted towards `max_steps`) and stops the run after `max_consecutive_skips` in a row.
-        dtype: `float32` | `bfloat16` | `float16` for the policy weights.
+            step (not counted towards `max_steps`) and stops the run after `max_consecutive_skips` in a row. Under
+            either policy the weights are checked after every optimizer step: a non-finite weight norm stops the run
+            (a step already taken cannot be dropped), and no checkpoint with non-finite weights is written.
+        dtype: `float32` | `bfloat16` for the policy weights; `float16` is refused (see `_SETTING_RULES`).
         gradient_checkpointing: recompute each decoder layer's activations in backward (activation checkpointing).
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
@@ -111,7 +149,7 @@ class ERPOModule(L.LightningModule):
         super().__init__()
         # Callables are not plain data (a `weights_only` checkpoint load refuses them); the CLI's config keeps them.
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        check_optimizer_settings(optimizer, lr_scheduler, learning_rate, weight_decay, warmup_steps)
+        check_module_settings({**self.hparams, "optimizer": optimizer, "lr_scheduler": lr_scheduler})
         self.optimizer_factory, self.lr_scheduler_factory = optimizer, lr_scheduler
         # Every field of `Algorithm` is a parameter of this module of the same name: None keeps the preset's value.
         overrides = {field.name: self.hparams[field.name] for field in fields(Algorithm)}
@@ -122,8 +160,6 @@ class ERPOModule(L.LightningModule):
                 f"model.algorithm {algorithm!r} divides each response's summed loss by a constant (loss_aggregation "
                 "seq_sum_constant): set model.loss_constant > 0, e.g. to the value of rollout.max_new_tokens"
             )
-        if num_iterations < 1 or micro_batch_tokens < 1:
-            raise ValueError("model.num_iterations and model.micro_batch_tokens must be >= 1")
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
@@ -131,6 +167,7 @@ class ERPOModule(L.LightningModule):
         self.reference_cache: Any = None
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
         self.train_metrics = build_train_metrics()
+        self._logged_train_metrics: set[str] = set()  # every `train/` name logged so far (see _log_train_metrics)
 
     # ----------------------------------------------------------------------------------------------- model set-up
     def _load_causal_lm(self) -> torch.nn.Module:
@@ -199,6 +236,11 @@ class ERPOModule(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Add the module's counters and RNG states; refuse (ValueError) to save non-finite policy weights."""
+        for name, tensor in checkpoint.get("state_dict", {}).items():
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor shard under FSDP2
+            if torch.is_floating_point(local) and not torch.isfinite(local).all():
+                raise ValueError(f"refusing to write a checkpoint whose weight {name} is not finite (NaN/inf)")
         checkpoint["erpo"] = {
             "policy_version": self.policy_version,
             "skipped_steps": self.guard.skipped_steps,
@@ -339,6 +381,7 @@ class ERPOModule(L.LightningModule):
             optimizer.step()
             self.lr_schedulers().step()
             self.policy_version += 1
+            self.guard.check_weights(weight_norm(self.policy.parameters()), where)
         else:
             self.print(f"[erpo] non-finite loss or gradient at {where}: optimizer step skipped")
         self.guard.record(stepped=finite)
@@ -369,7 +412,11 @@ class ERPOModule(L.LightningModule):
         self._log_train_metrics()
 
     def _log_train_metrics(self) -> None:
+        """Log the step's `train/` metrics; one logged before but not updated in this step (the loss of a skipped
+        optimizer step) is logged as NaN, since Lightning would otherwise write its previous value again."""
         logged = compute_and_reset(self.train_metrics)
+        logged.update({name: float("nan") for name in self._logged_train_metrics - logged.keys()})
+        self._logged_train_metrics |= logged.keys()
         logged["train/skipped_steps"] = float(self.guard.skipped_steps)
         logged["train/policy_version"] = float(self.policy_version)
         logged["train/lr"] = self.optimizers().param_groups[0]["lr"]

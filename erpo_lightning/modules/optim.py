@@ -17,6 +17,7 @@ schedule counts optimizer steps; `ReduceLROnPlateau`, which needs a monitored me
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -67,8 +68,9 @@ def check_optimizer_settings(
         )
     if warmup_steps < 0:
         raise ValueError(f"model.warmup_steps must be >= 0, got {warmup_steps}")
-    if learning_rate is not None and not learning_rate >= 0:
-        raise ValueError(f"model.learning_rate must be >= 0, got {learning_rate}")
+    for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"model.{name} must be >= 0 (or null), got {value!r}")
 
 
 def build_optimizer(
@@ -103,8 +105,18 @@ def build_optimizer(
     return built, schedule
 
 
+def weight_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of `parameters` (over all ranks' shards under FSDP2), computed in their dtype's range.
+
+    It is inf when any weight is non-finite, and also when the weights are finite but so large that their squares
+    overflow (e.g. after a step with learning rate 1e30): the model's own normalisation layers would overflow too.
+    """
+    total = torch.nn.utils.get_total_norm([p.detach() for p in parameters], norm_type=2.0)
+    return total.full_tensor() if hasattr(total, "full_tensor") else total  # a DTensor's partial norm: reduced
+
+
 class NonFiniteLossError(RuntimeError):
-    """A loss or gradient was NaN/inf; raised before the optimizer step, so no corrupted weights are saved."""
+    """A loss or gradient was NaN/inf (raised before the optimizer step), or the weights after a step were."""
 
 
 @dataclass
@@ -132,6 +144,18 @@ class NonFiniteGuard:
                 f"non-finite {name} at {where}; set model.nan_policy=skip to drop such steps instead"
             )
         return False
+
+    def check_weights(self, norm: torch.Tensor, where: str) -> None:
+        """Raise NonFiniteLossError when the weights' global norm after the optimizer step at `where` is not finite.
+
+        Under either policy: the step is taken, it cannot be dropped, and training on would only fail later (in
+        sampling) or save a broken checkpoint.
+        """
+        if not torch.isfinite(norm).all():
+            raise NonFiniteLossError(
+                f"the policy weights are not finite after the optimizer step at {where} (global norm {float(norm)}): "
+                "the update diverged; lower the learning rate or enable model.gradient_clip_norm"
+            )
 
     def record(self, stepped: bool) -> None:
         """Count a taken or a skipped step; raise after `max_consecutive_skips` skipped steps in a row."""
