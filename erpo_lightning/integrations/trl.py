@@ -1,0 +1,335 @@
+"""ERPO inside TRL 1.16: `ERPOTrainer`, a `GRPOTrainer` whose loss is `objectives.rl_loss`, and `QueryKLCallback`,
+a Query-KL monitor for any `GRPOTrainer` run.
+
+`ERPOTrainer` overrides three hooks of `GRPOTrainer`:
+    `_calculate_rewards`              keeps the rewards of the whole generation batch (all processes)
+    `_generate_and_score_completions` forms the advantages with the algorithm's estimator, and adds each row's θ0
+                                      query scores, w(q), group leader flag and the step's global counts
+    `_compute_loss`                   one forward over [prompt; completion] through TRL's fused LM head with the
+                                      prompt labels kept, then `objectives.rl_loss` with the resolved `Algorithm`
+The θ0 scores of every training prompt are computed in `__init__` (before any step) with the project's cache code,
+fingerprinted, written to `<output_dir>/erpo_reference` and read back on resume (`reference_scores.load_or_score`).
+
+Importing this module imports TRL; `import erpo_lightning` does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.algorithms import Algorithm, resolve_algorithm
+from erpo_lightning.data.reference_logprobs import compute_reference_logprobs
+from erpo_lightning.integrations.reference_scores import load_or_score, probe_query_kl, reference_manifest
+from erpo_lightning.logprobs import position_ids_from_mask, sequence_logprobs
+
+__all__ = ["ERPOTrainer", "QueryKLCallback"]
+
+# TRL's loss_type for each of our aggregations (docs/trl.md, "Loss types"); seq_mean_token_sum has none.
+TRL_LOSS_TYPE = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
+ALGORITHM_FIELDS = frozenset(field.name for field in fields(Algorithm))
+
+
+def _default(name: str):
+    return GRPOConfig.__dataclass_fields__[name].default
+
+
+def _prompt_ids(trainer: GRPOTrainer, prompts: list) -> list[list[int]]:
+    """Token ids of `prompts` exactly as `trainer` tokenizes them for generation (chat template included)."""
+    return [list(map(int, ids)) for ids in trainer._tokenize_prompts(prompts)[0]]
+
+
+def _template(trainer: GRPOTrainer, prompts: list) -> dict:
+    conversational = bool(prompts) and isinstance(prompts[0], list)
+    template = trainer.chat_template or getattr(trainer.processing_class, "chat_template", None)
+    return {"source": "trl", "chat_template": template if conversational else None}
+
+
+def _unsupported(args: GRPOConfig, algorithm: Algorithm) -> str | None:
+    """The first setting of `args` or `algorithm` that ERPOTrainer cannot honour, as a one-line reason, or None."""
+    expected = {  # GRPOConfig field -> the algorithm's value; a field left at TRL's default follows the algorithm
+        "loss_type": TRL_LOSS_TYPE.get(algorithm.loss_aggregation),
+        "epsilon": algorithm.clip_low,
+        "epsilon_high": algorithm.clip_high,
+        "delta": algorithm.dual_clip,
+        "scale_rewards": {"grpo": "group", "dr_grpo": "none"}.get(algorithm.advantage_estimator),
+    }
+    for name, value in expected.items():
+        if getattr(args, name) != _default(name) and getattr(args, name) != value:
+            return (
+                f"GRPOConfig.{name}={getattr(args, name)!r} disagrees with the algorithm (which gives {value!r}); "
+                "set the loss through `algorithm` and its fields (e.g. clip_high=0.28), not GRPOConfig"
+            )
+    refused = {
+        "beta": "Policy-KL needs a reference model, which ERPOTrainer does not load: set beta=0",
+        "importance_sampling_level": "rl_loss is token-level: leave it at 'token'",
+        "top_entropy_quantile": "rl_loss has no entropy mask: leave it at 1.0",
+        "entropy_coef": "rl_loss has no entropy bonus: leave it at 0.0",
+        "use_adaptive_entropy": "rl_loss has no entropy bonus: leave it off",
+        "off_policy_mask_threshold": "rl_loss has no off-policy mask: leave it unset",
+        "multi_objective_aggregation": "advantages come from the summed rewards: leave it at 'sum_then_normalize'",
+    }
+    for name, reason in refused.items():
+        if getattr(args, name) != _default(name):
+            return f"GRPOConfig.{name}={getattr(args, name)!r} is not supported ({reason})"
+    if args.temperature != 1.0:
+        return (
+            f"GRPOConfig.temperature={args.temperature} is not supported: TRL's fused LM head scores the prompt "
+            "and the completion at one temperature, and Query-KL needs the prompt at T = 1"
+        )
+    if args.use_vllm and args.vllm_mode == "server":
+        return "GRPOConfig.vllm_mode='server' is not supported yet (colocate is)"
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        return "GRPOConfig.vllm_importance_sampling_correction=True is not supported (rl_loss has no such correction)"
+    if args.steps_per_generation != args.gradient_accumulation_steps:
+        return "GRPOConfig.steps_per_generation must equal gradient_accumulation_steps (one optimizer step per batch)"
+    if algorithm.policy_kl_coef:
+        return f"algorithm policy_kl_coef={algorithm.policy_kl_coef} needs a reference model: use GRPOTrainer(beta=…)"
+    if algorithm.loss_aggregation not in TRL_LOSS_TYPE:
+        return f"algorithm loss_aggregation={algorithm.loss_aggregation!r} has no TRL loss_type"
+    if algorithm.query_weight_source == "current" and args.num_iterations > 1:
+        return "GRPOConfig.num_iterations > 1 with query_weight_source 'current' (w(q) is formed once per batch)"
+    return None
+
+
+def _unsupported_inputs(trainer: GRPOTrainer) -> str | None:
+    """The first trainer input ERPOTrainer cannot honour, as a one-line reason, or None."""
+    if trainer.tools or trainer.environment_factories is not None:
+        return "tools and environment_factory are not supported (their tokens are not the prompt's)"
+    if not isinstance(trainer.train_dataset, Dataset):
+        return "train_dataset must be a map-style datasets.Dataset (θ0 scores every prompt once, before training)"
+    return None
+
+
+class ERPOTrainer(GRPOTrainer):
+    """TRL's `GRPOTrainer` trained with ERPO (or any `Algorithm` without Policy-KL): `objectives.rl_loss` on the
+    rows TRL generates, Query-KL against cached θ0 scores, w(q) per query; no reference model.
+
+    Args (besides GRPOTrainer's):
+        algorithm: a preset name (`erpo`, `erpo_released`, ...) or an `Algorithm`.
+        reference_dir: where the θ0 scores are kept (default `<output_dir>/erpo_reference`).
+        **fields: single `Algorithm` fields overriding the preset (e.g. `query_kl_coef=0.05`).
+    The loss side (loss_type, clip range, advantages) follows the algorithm; a GRPOConfig loss field set to
+    something else is refused, as is every setting rl_loss cannot reproduce (one line naming it).
+    """
+
+    def __init__(self, *args, algorithm: str | Algorithm = "erpo", reference_dir: str | Path | None = None, **kwargs):
+        overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in ALGORITHM_FIELDS}
+        if isinstance(algorithm, Algorithm):
+            algorithm = Algorithm(**{**{f.name: getattr(algorithm, f.name) for f in fields(Algorithm)}, **overrides})
+        else:
+            algorithm = resolve_algorithm(algorithm, **overrides)
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        problem = _unsupported(config, algorithm) if config is not None else None  # before TRL builds anything
+        if problem is None:
+            super().__init__(*args, **kwargs)
+            problem = _unsupported(self.args, algorithm) or _unsupported_inputs(self)
+        if problem is not None:
+            raise ValueError(f"ERPOTrainer: {problem}")
+        self.algorithm = algorithm
+        prompts = list(self.train_dataset["prompt"])
+        prompt_ids = _prompt_ids(self, prompts)
+        manifest = reference_manifest(self.model, self.processing_class, prompts, prompt_ids, _template(self, prompts))
+        directory = Path(reference_dir or Path(self.args.output_dir) / "erpo_reference")
+        with self.accelerator.main_process_first():
+            self.reference_cache = load_or_score(self.model, prompt_ids, directory, manifest)
+        self._cache_row = {}  # prompt token ids -> first cache row holding them
+        for row, ids in enumerate(prompt_ids):
+            self._cache_row.setdefault(tuple(ids), row)
+        self._rewards_per_func: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------------------ generation side
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._rewards_per_func
+
+    def _cache_rows(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+        """[N] cache row of each left-padded prompt, found by its token ids."""
+        rows = []
+        for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True):
+            key = tuple(token for token, real in zip(ids, mask, strict=True) if real)
+            if key not in self._cache_row:
+                raise ValueError(
+                    "ERPOTrainer: a generated row's prompt tokens are not among the training prompts' θ0 scores "
+                    "(a rollout_func or tokenizer that changes the prompt is not supported)"
+                )
+            rows.append(self._cache_row[key])
+        return torch.tensor(rows, dtype=torch.long)
+
+    @torch.no_grad()
+    def _query_weights(self, rows: torch.Tensor, prompt_ids, prompt_mask, is_leader) -> torch.Tensor | None:
+        """[N] w(q) of each row's query (`objectives.query_weights` with the algorithm's source, norm and clip), or
+        None when it is not applied and would cost a forward."""
+        algorithm, device = self.algorithm, prompt_ids.device
+        if algorithm.query_weight_source == "current":  # one no-grad forward over each distinct prompt
+            if not algorithm.use_query_weights:
+                return None
+            distinct, inverse = rows.unique(return_inverse=True)
+            first = torch.zeros(len(distinct), dtype=torch.long).scatter_(0, inverse, torch.arange(len(rows)))
+            ids, mask = prompt_ids[first.to(device)], prompt_mask[first.to(device)]
+            logprobs = sequence_logprobs(self.accelerator.unwrap_model(self.model), ids, mask)
+            nll = -(logprobs * obj.query_token_mask(mask, ids.shape[1])).sum(-1)[inverse.to(device)]
+        else:
+            nll = self.reference_cache.nll[rows].to(device)
+        if algorithm.query_weight_norm == "dataset":
+            mean_nll = self.reference_cache.nll.mean()
+        else:  # over the step's queries on all processes
+            totals = self.accelerator.reduce(torch.stack([nll[is_leader].sum(), is_leader.sum().float()]), "sum")
+            mean_nll = totals[0] / totals[1]
+        return obj.query_weights(nll, mean_nll, algorithm.query_weight_clip)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if "pixel_values" in output or "tool_mask" in output:
+            raise ValueError("ERPOTrainer: images and tool calls are not supported")
+        mode = "train" if self.model.training else "eval"
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        rewards = (self._rewards_per_func * self.reward_weights.to(self._rewards_per_func.device)).nansum(dim=1)
+        if torch.isnan(self._rewards_per_func).all(dim=1).any():
+            raise ValueError("ERPOTrainer: every reward function returned None for a completion (not supported)")
+        algorithm, local = self.algorithm, len(output["prompt_ids"])
+        advantages = obj.group_advantages(rewards, group, algorithm.advantage_estimator, algorithm.advantage_eps)
+        first = self.accelerator.process_index * local
+        device = output["prompt_ids"].device
+        output["advantages"] = advantages[first : first + local].to(device)
+        prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
+        rows = self._cache_rows(prompt_ids, prompt_mask)
+        is_leader = (torch.arange(first, first + local) % group == 0).to(device)
+        width = prompt_ids.shape[1]
+        output["erpo_ref_query_logprobs"] = self.reference_cache.padded(rows, width).to(device)
+        output["erpo_is_leader"] = is_leader
+        weights = self._query_weights(rows, prompt_ids, prompt_mask, is_leader)
+        if weights is not None:
+            output["erpo_query_weights"] = weights
+            leader_weights = self.accelerator.gather(weights[is_leader])
+            for stat in ("mean", "min", "max"):
+                self._metrics[mode][f"query_kl/weight_{stat}"].append(getattr(leader_weights, stat)().item())
+        # The step's global counts (rl_loss's normalizers): one generation batch is one optimizer step per process.
+        counts = obj.loss_normalizers(output["completion_mask"], obj.query_token_mask(prompt_mask, width), is_leader)
+        totals = self.accelerator.reduce(torch.stack(list(counts.values())), "sum")
+        for name, total in zip(counts, totals, strict=True):
+            output[f"erpo_count_{name}"] = total  # 0-dim: TRL's shuffle and split pass it through unchanged
+        return output
+
+    # ------------------------------------------------------------------------------------------------ the loss
+    def _compute_loss(self, model, inputs):
+        """`objectives.rl_loss` of one micro-batch, scored by one forward whose fused head covers the prompt too.
+
+        Rows: N = micro-batch rows, P = padded prompt width, R = padded completion width. Divided by the step's
+        global counts, so the micro-batch losses of an optimizer step sum to the step's loss on every process
+        (times the number of processes, which the gradient all-reduce averages over).
+        """
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_mask = inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, inputs["completion_ids"]], dim=1)  # [N, P + R]
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        labels = input_ids.masked_fill(attention_mask == 0, -100)  # prompt labels kept: Query-KL needs them
+        with self.accelerator.autocast():
+            out = model(
+                input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True,
+                position_ids=position_ids_from_mask(attention_mask),
+            )  # fmt: skip
+        # Column t = log p(token t | tokens < t); column 0 has no context and is never scored.
+        token_logprobs = torch.nn.functional.pad(out.log_probs.float(), (1, 0))
+        width = prompt_ids.shape[1]
+        query_lp, query_mask, response_lp, _ = obj.split_prompt_response(token_logprobs, attention_mask, width)
+        old = inputs.get("old_per_token_logps")
+        normalizers = {
+            name: inputs[f"erpo_count_{name}"] for name in ("tokens", "sequences", "queries", "query_tokens")
+        }
+        loss, parts = obj.rl_loss(
+            self.algorithm, response_lp, response_lp.detach() if old is None else old, inputs["advantages"],
+            completion_mask, query_lp, inputs["erpo_ref_query_logprobs"], query_mask, inputs["erpo_is_leader"],
+            seq_weights=inputs.get("erpo_query_weights") if self.algorithm.use_query_weights else None,
+            constant=self.max_completion_length, normalizers=normalizers,
+        )  # fmt: skip
+        self._log_loss_metrics(parts, out.entropy, completion_mask, width)
+        return loss * (self.accelerator.num_processes if self.model.training else 1)
+
+    @torch.no_grad()
+    def _log_loss_metrics(self, parts: dict, entropy, completion_mask, width: int) -> None:
+        """Query-KL (the run's estimator and the token_k3 yardstick), mean over the queries of all processes, and
+        TRL's entropy and clip-ratio metrics."""
+        mode = "train" if self.model.training else "eval"
+        estimator = self.algorithm.query_kl_estimator
+        values = {f"query_kl/{estimator}": parts["query_kl"], "query_kl/token_k3": parts["query_kl_token_k3"]}
+        for name, per_query in values.items():
+            totals = self.accelerator.reduce(
+                torch.stack([per_query.sum(), torch.tensor(float(per_query.numel()))]), "sum"
+            )
+            if totals[1] > 0:
+                self._metrics[mode][name].append((totals[0] / totals[1]).item())
+        real = completion_mask.float()
+        counts = self.accelerator.reduce(real.sum(), "sum").clamp(min=1)
+        if entropy is not None:
+            response_entropy = torch.nn.functional.pad(entropy.float(), (1, 0))[:, width:]
+            self._metrics[mode]["entropy"].append(
+                (self.accelerator.reduce((response_entropy * real).sum(), "sum") / counts).item()
+            )
+        for name, key in (("clip_ratio/low_mean", "clip_frac_low"), ("clip_ratio/high_mean", "clip_frac_high")):
+            local = parts["stats"][key] * real.sum()
+            self._metrics[mode][name].append((self.accelerator.reduce(local, "sum") / counts).item())
+
+
+class QueryKLCallback(TrainerCallback):
+    """Query-KL of a fixed probe set of training prompts, for any `GRPOTrainer` run; changes nothing in training.
+
+    At train begin the first `num_probes` training prompts are scored at θ0 (the model before its first step) and
+    written to `<output_dir>/query_kl_probes` (a resumed run reads them back). Every `logging_steps` optimizer steps
+    they are rescored without gradient, in eval mode, with the RNG state restored, and `query_kl/token_k3` and
+    `query_kl/sequence_k3` (`objectives.per_query_kl`, mean over the probes) go into TRL's logged metrics.
+    `history` keeps (global step, values), step 0 included.
+    """
+
+    def __init__(self, trainer: GRPOTrainer, num_probes: int = 64):
+        self.trainer, self.num_probes = trainer, num_probes
+        self.reference = None
+        self.prompt_ids: list[list[int]] = []
+        self.history: list[tuple[int, dict[str, float]]] = []
+
+    def _score(self, model) -> dict[str, float]:
+        was_training = model.training
+        cpu_state = torch.get_rng_state()
+        cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        model.eval()
+        try:
+            current = compute_reference_logprobs(model, self.prompt_ids, progress=False)
+        finally:
+            model.train(was_training)
+            torch.set_rng_state(cpu_state)
+            if cuda_state is not None:
+                torch.cuda.set_rng_state_all(cuda_state)
+        return probe_query_kl(current, self.reference)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        model = trainer.accelerator.unwrap_model(kwargs.get("model") or trainer.model)
+        dataset = trainer.train_dataset
+        prompts = list(dataset.select(range(min(self.num_probes, len(dataset))))["prompt"])
+        self.prompt_ids = _prompt_ids(trainer, prompts)
+        manifest = reference_manifest(
+            model, trainer.processing_class, prompts, self.prompt_ids, _template(trainer, prompts)
+        )
+        resumed = state.global_step > 0
+        with trainer.accelerator.main_process_first():
+            self.reference = load_or_score(
+                model, self.prompt_ids, Path(args.output_dir) / "query_kl_probes", manifest,
+                may_score=not resumed, trust_weights=resumed,
+            )  # fmt: skip
+        if not resumed:
+            self.history.append((0, self._score(model)))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not control.should_log:
+            return
+        model = self.trainer.accelerator.unwrap_model(kwargs.get("model") or self.trainer.model)
+        values = self._score(model)
+        self.history.append((state.global_step, values))
+        for estimator, value in values.items():
+            self.trainer._metrics["train"][f"query_kl/{estimator}"].append(value)

@@ -1,0 +1,308 @@
+"""`ERPOTrainer` and `QueryKLCallback` (erpo_lightning.integrations.trl) on real TRL 1.16 and a real tiny Qwen2.
+
+`ERPOTrainer`'s loss and gradients on a fixed batch are recomputed here from our own forward and
+`objectives.rl_loss` (θ0 scores from a fresh copy of the initial model, w(q) by hand from them); with Query-KL and
+w(q) off it equals TRL's own `GRPOTrainer`; gradient accumulation does not change its gradient. The callback reads
+0 at θ0, a hand computation later, and leaves training unchanged. TRL is a bench-only extra: without it these tests
+are skipped (except the import check), and importing TRL takes a while on a CPU, hence the slow tier.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.algorithms import resolve_algorithm
+from erpo_lightning.data.cache import ReferenceLogprobCache
+from erpo_lightning.data.fingerprint import CacheMismatchError
+from erpo_lightning.data.reference_logprobs import batch_query_logprobs
+from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs
+from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+requires_trl = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None, reason="TRL is not installed (bench-only extra: pip install -e '.[trl]')"
+)
+
+GROUP_SIZE = 4
+# Prompts of different lengths (left padding) and different likelihoods under the model (w(q) differs by query).
+PROMPTS = ["Compute 7 + 8.", "What is 2 * 3? Be brief and exact.", "9 - 4?"]
+COMPLETIONS = [
+    "15<|im_end|>", "14", "it is 15<|im_end|>", "x",
+    "6<|im_end|>", "six, I think<|im_end|>", "5", "66666666",
+    "5<|im_end|>", "five", "5.0<|im_end|>", "the answer is 5",
+]  # fmt: skip
+REWARDS = [1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_import_erpo_lightning_never_imports_trl():
+    code = (
+        "import sys, erpo_lightning, erpo_lightning.objectives, erpo_lightning.algorithms, "
+        "erpo_lightning.integrations, erpo_lightning.integrations.reference_scores; "
+        "print(sorted(name for name in sys.modules if name == 'trl' or name.startswith('trl.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("trl_integration") / "model", seed=0)
+
+
+def fixed_rollout(prompts, trainer):
+    """TRL `rollout_func`: COMPLETIONS for the prompts in dataset order, G per prompt (no sampling)."""
+    tokenizer = trainer.processing_class
+    assert prompts == [p for p in PROMPTS for _ in range(GROUP_SIZE)]
+    return {
+        "prompt_ids": [tokenizer(p)["input_ids"] for p in prompts],
+        "completion_ids": [tokenizer(c)["input_ids"] for c in COMPLETIONS],
+        "logprobs": None,
+    }
+
+
+def fixed_reward(prompts, completions, **_):
+    return list(REWARDS)
+
+
+def make_trainer(model_path, output_dir, erpo: bool = True, fixed: bool = True, **settings):
+    """An ERPOTrainer (or, erpo=False, TRL's GRPOTrainer) on PROMPTS; `settings` go to GRPOConfig, except Algorithm
+    fields and `algorithm`, which go to ERPOTrainer."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # `rollout_func` is experimental in TRL
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from erpo_lightning.integrations.trl import ALGORITHM_FIELDS, ERPOTrainer
+
+    erpo_settings = {k: settings.pop(k) for k in list(settings) if k in ALGORITHM_FIELDS or k == "algorithm"}
+    config = dict(
+        output_dir=str(output_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+        gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
+        max_completion_length=16, temperature=1.0, shuffle_dataset=False, logging_steps=1, disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    config.update(settings)
+    model = model_path if isinstance(model_path, torch.nn.Module) else str(model_path)
+    kwargs = dict(
+        model=model, reward_funcs=fixed_reward if fixed else length_reward, args=GRPOConfig(**config),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_byte_tokenizer(),
+        rollout_func=fixed_rollout if fixed else None,
+    )  # fmt: skip
+    return ERPOTrainer(**kwargs, **erpo_settings) if erpo else GRPOTrainer(**kwargs)
+
+
+def length_reward(completions, **_):
+    """A reward that varies within groups of sampled completions."""
+    return [float(len(c) % 3 == 0) for c in completions]
+
+
+def perturb(model, scale: float = 0.05, seed: int = 1) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+
+
+def off_policy(model, inputs: dict) -> torch.Tensor:
+    """Old log-probs = the current ones + fixed noise, so both sides of the clip range are active."""
+    with torch.no_grad():
+        _, _, current, mask = scored_rows(model, inputs)
+    return (current + 0.3 * torch.randn(current.shape, generator=torch.Generator().manual_seed(2))) * mask
+
+
+def scored_rows(model, inputs: dict):
+    """Our forward (logprobs.py, unfused) over the rows: query log-probs and mask [N, P], response ones [N, R]."""
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["prompt_ids"].shape[1]
+    token_logprobs = prompt_response_token_logprobs(
+        causal_lm_logits(model, input_ids, attention_mask), input_ids, width
+    )
+    return obj.split_prompt_response(token_logprobs, attention_mask, width)
+
+
+def gradients(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = compute()
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def hand_loss(trainer, model_path, inputs: dict, algorithm) -> tuple[torch.Tensor, dict]:
+    """`rl_loss` with θ0 scores from a fresh copy of the initial model and w(q) made here from the algorithm."""
+    tokenizer = build_byte_tokenizer()
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    reference = ReferenceLogprobCache.from_rows(batch_query_logprobs(load_tiny_model(model_path), prompt_ids))
+    query = torch.arange(len(COMPLETIONS)) // GROUP_SIZE  # rows in dataset order, G per prompt
+    query_lp, query_mask, response_lp, response_mask = scored_rows(trainer.model, inputs)
+    width = inputs["prompt_ids"].shape[1]
+    if algorithm.query_weight_source == "reference":
+        nll = reference.nll  # [3]
+    else:  # the current policy's NLL of each prompt, unpadded
+        with torch.no_grad():
+            nll = -torch.stack([row.sum() for row in batch_query_logprobs(trainer.model, prompt_ids)])
+    mean = reference.nll.mean() if algorithm.query_weight_norm == "dataset" else nll.mean()
+    weights = obj.query_weights(nll, mean, algorithm.query_weight_clip)[query]
+    advantages = obj.group_advantages(
+        torch.tensor(REWARDS), GROUP_SIZE, algorithm.advantage_estimator, algorithm.advantage_eps
+    )
+    return obj.rl_loss(
+        algorithm, response_lp, inputs["old_per_token_logps"], advantages, response_mask, query_lp,
+        reference.padded(query, width), query_mask, torch.arange(len(COMPLETIONS)) % GROUP_SIZE == 0,
+        seq_weights=weights, constant=16,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@requires_trl
+@pytest.mark.parametrize("preset", ["erpo", "erpo_released"])
+def test_loss_and_gradients_equal_rl_loss(preset, model_path, tmp_path):
+    trainer = make_trainer(model_path, tmp_path, algorithm=preset)
+    perturb(trainer.model)  # after θ0 was scored: Query-KL is no longer 0, and w(q) 'current' moves
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
+    assert (inputs["prompt_mask"] == 0).any(), "some prompts must be left-padded"
+    inputs["old_per_token_logps"] = off_policy(trainer.model, inputs)
+    algorithm = resolve_algorithm(preset)
+    assert trainer.algorithm == algorithm
+
+    loss, grads = gradients(trainer.model, lambda: trainer.compute_loss(trainer.model, inputs))
+    expected_loss, expected_grads = gradients(
+        trainer.model, lambda: hand_loss(trainer, model_path, inputs, algorithm)[0]
+    )
+    _, parts = hand_loss(trainer, model_path, inputs, algorithm)
+    assert parts["query_kl"].min() > 1e-3, "Query-KL must be non-trivial"
+    weights = inputs["erpo_query_weights"]
+    assert weights.max() - weights.min() > 0.05, "w(q) must differ between queries"
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-6)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-5, msg=name)
+    assert max(g.abs().max() for g in grads.values()) > 1e-3
+    estimator = algorithm.query_kl_estimator
+    logged = trainer._metrics["train"]
+    assert logged[f"query_kl/{estimator}"][-1] == pytest.approx(parts["query_kl"].mean().item(), rel=1e-4)
+    assert logged["query_kl/token_k3"][-1] == pytest.approx(parts["query_kl_token_k3"].mean().item(), rel=1e-4)
+    assert {"query_kl/weight_mean", "query_kl/weight_min", "query_kl/weight_max"} <= set(logged)
+
+
+@pytest.mark.slow
+@requires_trl
+def test_without_query_kl_and_weights_it_is_trl_grpo(model_path, tmp_path):
+    """α = 0 and no w(q) (advantage eps 1e-4, TRL's): the loss and gradients of TRL's GRPOTrainer (loss_type dapo)
+    on a fixed off-policy batch, and the same parameters after two sampled SGD steps."""
+    plain_settings = dict(algorithm="erpo", query_kl_coef=0.0, use_query_weights=False, advantage_eps=1e-4)
+    losses = []
+    for erpo in (True, False):
+        trainer = make_trainer(model_path, tmp_path / str(erpo), erpo=erpo, **(plain_settings if erpo else {}))
+        perturb(trainer.model)
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1
+        inputs = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
+        inputs["old_per_token_logps"] = off_policy(trainer.model, inputs)
+        losses.append(gradients(trainer.model, lambda t=trainer, i=inputs: t.compute_loss(t.model, i)))
+    (erpo_loss, erpo_grads), (trl_loss, trl_grads) = losses
+    assert trl_loss.abs() > 1e-3
+    torch.testing.assert_close(erpo_loss, trl_loss, rtol=0, atol=1e-6)
+    for name, grad in trl_grads.items():
+        torch.testing.assert_close(erpo_grads[name], grad, rtol=0, atol=1e-6, msg=name)
+
+    trained = []
+    for erpo in (True, False):  # HF generate samples the completions: same seed, same samples, same steps
+        trainer = make_trainer(
+            model_path, tmp_path / f"train_{erpo}", erpo=erpo, fixed=False, max_steps=2, optim="sgd",
+            learning_rate=0.5, **(plain_settings if erpo else {}),
+        )  # fmt: skip
+        trainer.train()
+        trained.append({name: p.detach().clone() for name, p in trainer.model.named_parameters()})
+    initial = load_tiny_model(model_path).state_dict()
+    assert max((trained[1][name] - initial[name]).abs().max() for name in trained[1]) > 1e-4, "SGD must move"
+    for name, value in trained[1].items():
+        torch.testing.assert_close(trained[0][name], value, rtol=0, atol=1e-6, msg=name)
+
+
+class GradientRecorder:
+    """A TrainerCallback keeping each optimizer step's gradients (after clipping, before the step)."""
+
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class Recorder(TrainerCallback):
+            def __init__(self):
+                self.steps = []
+
+            def on_pre_optimizer_step(self, args, state, control, model=None, **_):
+                self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+
+        return Recorder()
+
+
+@pytest.mark.slow
+@requires_trl
+@pytest.mark.parametrize("preset", ["erpo", "erpo_released"])
+def test_gradient_accumulation_two_equals_one(preset, model_path, tmp_path):
+    """The same 12 rows as one micro-batch or as two (shuffled by TRL): the same gradient of the optimizer step."""
+    recorded = []
+    for accumulation in (1, 2):
+        trainer = make_trainer(
+            model_path, tmp_path / str(accumulation), algorithm=preset, max_steps=1, optim="sgd",
+            per_device_train_batch_size=len(COMPLETIONS) // accumulation, gradient_accumulation_steps=accumulation,
+        )  # fmt: skip
+        perturb(trainer.model)  # Query-KL and w(q) 'current' are not trivial
+        recorder = GradientRecorder()
+        trainer.add_callback(recorder)
+        trainer.train()
+        recorded.append(recorder.steps[0])
+    assert max(g.abs().max() for g in recorded[0].values()) > 1e-3
+    for name, grad in recorded[0].items():
+        torch.testing.assert_close(recorded[1][name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+@requires_trl
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"temperature": 0.9}, "GRPOConfig.temperature"),
+        ({"beta": 0.04}, "GRPOConfig.beta"),
+        ({"epsilon_high": 0.28}, "GRPOConfig.epsilon_high"),  # the erpo preset's clip_high is None
+        ({"algorithm": "grpo_kl"}, "policy_kl_coef"),
+        ({"use_vllm": True, "vllm_mode": "server"}, "GRPOConfig.vllm_mode"),
+    ],
+)
+def test_refuses_what_it_cannot_do_naming_the_setting(settings, named, model_path, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(named)) as error:
+        make_trainer(model_path, tmp_path, **settings)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+@requires_trl
+def test_reference_scores_are_reused_and_never_rescored_from_a_trained_model(model_path, tmp_path):
+    trainer = make_trainer(model_path, tmp_path)
+    scores = tmp_path / "erpo_reference" / "scores.safetensors"
+    manifest = json.loads((tmp_path / "erpo_reference" / "manifest.json").read_text())
+    assert manifest["num_queries"] == len(PROMPTS) and scores.is_file()
+    prompt_ids = [build_byte_tokenizer()(p)["input_ids"] for p in PROMPTS]
+    expected = ReferenceLogprobCache.from_rows(batch_query_logprobs(load_tiny_model(model_path), prompt_ids))
+    torch.testing.assert_close(trainer.reference_cache.logprobs, expected.logprobs, rtol=0, atol=0)
+    written = scores.stat().st_mtime_ns
+    again = make_trainer(model_path, tmp_path)  # a resumed run builds its trainer from θ0 again: read back
+    assert scores.stat().st_mtime_ns == written
+    torch.testing.assert_close(again.reference_cache.logprobs, expected.logprobs, rtol=0, atol=0)
+
+    trained = load_tiny_model(model_path)
+    perturb(trained)
+    with pytest.raises(CacheMismatchError, match="the model weights differ"):
+        make_trainer(trained, tmp_path)
+    assert scores.stat().st_mtime_ns == written
