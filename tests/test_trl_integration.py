@@ -306,3 +306,86 @@ def test_reference_scores_are_reused_and_never_rescored_from_a_trained_model(mod
     with pytest.raises(CacheMismatchError, match="the model weights differ"):
         make_trainer(trained, tmp_path)
     assert scores.stat().st_mtime_ns == written
+
+
+def hand_query_kl(model, reference_model, prompts: list[str]) -> dict[str, float]:
+    """Query-KL of `prompts` by hand: one unpadded forward per prompt and model, k3 per token (mean over the
+    scored tokens) and of the summed log-ratio, each clamped at 10 as the default value clamp, mean over prompts."""
+    tokenizer = build_byte_tokenizer()
+    token_k3, sequence_k3 = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+            scores = [
+                torch.log_softmax(m(input_ids=ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+                for m in (model, reference_model)
+            ]
+            delta = scores[1] - scores[0]  # log θ0 - log θ per scored token
+            token_k3.append((torch.expm1(delta) - delta).clamp(max=10).mean())
+            total = delta.sum()
+            sequence_k3.append((torch.expm1(total) - total).clamp(max=10))
+    return {"token_k3": float(torch.stack(token_k3).mean()), "sequence_k3": float(torch.stack(sequence_k3).mean())}
+
+
+def train_plain(model_path, output_dir, with_callback: bool, steps: int = 2):
+    from erpo_lightning.integrations.trl import QueryKLCallback
+
+    trainer = make_trainer(
+        model_path, output_dir, erpo=False, fixed=False, max_steps=steps, optim="sgd", learning_rate=0.5
+    )
+    callback = QueryKLCallback(trainer, num_probes=len(PROMPTS)) if with_callback else None
+    if callback is not None:
+        trainer.add_callback(callback)
+    trainer.train()
+    return trainer, callback
+
+
+@pytest.mark.slow
+@requires_trl
+def test_query_kl_callback_reads_zero_at_theta0_then_the_hand_computation(model_path, tmp_path):
+    trainer, callback = train_plain(model_path, tmp_path, with_callback=True)
+    assert callback.history[0] == (0, {"token_k3": 0.0, "sequence_k3": 0.0})
+    assert [step for step, _ in callback.history] == [0, 1, 2]
+    hand = hand_query_kl(trainer.model, load_tiny_model(model_path), PROMPTS)
+    assert hand["token_k3"] > 1e-4, "the model must have moved"
+    assert callback.history[-1][1] == pytest.approx(hand, rel=1e-4, abs=1e-7)
+    logged = [entry for entry in trainer.state.log_history if "query_kl/token_k3" in entry]
+    assert [entry["query_kl/token_k3"] for entry in logged] == [
+        values["token_k3"] for _, values in callback.history[1:]
+    ]
+    assert (tmp_path / "query_kl_probes" / "scores.safetensors").is_file()
+
+
+@pytest.mark.slow
+@requires_trl
+def test_query_kl_callback_does_not_change_training(model_path, tmp_path):
+    parameters = []
+    for with_callback in (False, True):
+        trainer, _ = train_plain(model_path, tmp_path / str(with_callback), with_callback)
+        parameters.append({name: p.detach().clone() for name, p in trainer.model.named_parameters()})
+    initial = load_tiny_model(model_path).state_dict()
+    assert any(not torch.equal(value, initial[name]) for name, value in parameters[0].items())
+    for name, value in parameters[0].items():
+        assert torch.equal(parameters[1][name], value), name
+
+
+@pytest.mark.slow
+@requires_trl
+def test_query_kl_callback_reloads_theta0_scores_on_resume(model_path, tmp_path):
+    from transformers import TrainerControl, TrainerState
+
+    from erpo_lightning.integrations.trl import QueryKLCallback
+
+    _, first = train_plain(model_path, tmp_path, with_callback=True, steps=1)
+    resumed = make_trainer(model_path, tmp_path, erpo=False, fixed=False)
+    perturb(resumed.model)  # what a resumed run's model is at train begin: trained, not θ0
+    callback = QueryKLCallback(resumed, num_probes=len(PROMPTS))
+    callback.on_train_begin(resumed.args, TrainerState(global_step=1), TrainerControl(), model=resumed.model)
+    torch.testing.assert_close(callback.reference.logprobs, first.reference.logprobs, rtol=0, atol=0)
+    assert callback.history == []
+
+    elsewhere = make_trainer(model_path, tmp_path / "elsewhere", erpo=False, fixed=False)
+    with pytest.raises(FileNotFoundError, match="never rescored from a trained model"):
+        QueryKLCallback(elsewhere).on_train_begin(
+            elsewhere.args, TrainerState(global_step=1), TrainerControl(), model=elsewhere.model
+        )
