@@ -37,6 +37,9 @@ EXAMPLES = {
     "font_markup": ("B", "\\mathcal{B}"),
     "doubled_backslashes": ("0.5", "\\\\frac{1}{2}"),
     "symbolic_extras": ("1+2i", "i(2-i)"),
+    "unevaluated_arithmetic": ("19", "5 + 9 + 5"),
+    "equation_right_side": ("7", "5 = 7"),
+    "invisible_characters": ("12", "1\u200b2"),
 }
 ALL_OFF = {name: False for name in CONVENTIONS if name != "numeric_tolerance"}
 

@@ -4,7 +4,9 @@ For every pair that MathReward marks correct and Math-Verify (default settings, 
 a box) marks wrong, the verdict must name the conventions it relied on, and each must be enabled. Pairs: the peer
 suite, every benchmark gold as its own answer, and >= 500 near misses generated from the benchmark golds (rounded,
 truncated, sign-flipped, off by one, swapped tuple elements, reordered intervals, wrong units, decimals of exact
-values). The near misses run in the fast tier; the peer suite and all 2,836 golds in the slow tier.
+values), and issue 30's cases: digits past the rounding place, the two exploits Math-Verify pays for (refused unless
+their convention is on) and invisible characters. The near misses run in the fast tier; the peer suite and all 2,836
+golds in the slow tier.
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ from erpo_lightning.rewards import MathReward
 
 PEER_CASES = Path(__file__).parent / "data" / "grader" / "peer_cases.jsonl"
 ISSUE_CASES = [("\\frac{1}{3}", "0.333"), ("\\sqrt{2}", "1.414"), ("e", "2.718"), ("12\\pi", "37.70")]
+# Issue 30 item 8: (gold, answer, Math-Verify's verdict, the convention under which MathReward accepts it or None).
+# Digits written past the rounding place are part of the answer; the two exploits are refused unless their
+# convention is turned back on, although Math-Verify accepts them.
+STRICTNESS_CASES = [
+    ("0", "0.0000001", False, None),
+    ("3", "3.0000001", False, None),
+    ("19", "5 + 9 + 5", True, "unevaluated_arithmetic"),
+    ("1024", "2^{10}", True, "unevaluated_arithmetic"),
+    ("\\frac{7}{2}", "3 + \\frac{1}{2}", True, "unevaluated_arithmetic"),
+    ("7", "5 = 7", True, "equation_right_side"),
+    ("5", "2 + 3 = 5", True, "equation_right_side"),
+]
+# Issue 30 item 9: invisible characters, ignored by default (a named convention), which Math-Verify does not do.
+INVISIBLE_CASES = [("12", "1\u200b2"), ("12", "12\u200b"), ("x+1", "x\u200e+1"), ("\\frac{1}{2}", "\ufeff\\frac{1}{2}")]
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _PAIR = re.compile(r"([(\[])\s*([^,()\[\]]+?)\s*,\s*([^,()\[\]]+?)\s*([)\]])")
 
@@ -63,7 +79,8 @@ def near_misses(count: int, seed: int = 0) -> list[tuple[str, str]]:
     """``count`` (gold, wrong-or-reformatted answer) pairs, deterministic for a seed."""
     rng = random.Random(seed)
     golds = _golds()
-    pairs: list[tuple[str, str]] = [(g, p) for g, p in ISSUE_CASES]
+    pairs: list[tuple[str, str]] = [(g, p) for g, p in ISSUE_CASES + INVISIBLE_CASES]
+    pairs += [(gold, answer) for gold, answer, *_ in STRICTNESS_CASES]
     while len(pairs) < count:
         gold = rng.choice(golds)
         if (m := _PAIR.fullmatch(gold)) is not None:
@@ -124,6 +141,41 @@ def test_issue_cases_score_zero_by_default_and_one_with_approximations(strict):
         verdicts = lenient.grade(responses, golds)
     assert [v.correct for v in verdicts] == [True] * 4
     assert all(v.conventions == ("approximations",) for v in verdicts)
+
+
+def _boxed(pairs) -> tuple[list[str], list[str]]:
+    return [f"So the final answer is $\\boxed{{{pair[1]}}}$." for pair in pairs], [pair[0] for pair in pairs]
+
+
+def test_strict_refuses_digits_past_the_rounding_place_and_the_two_exploits(strict):
+    responses, golds = _boxed(STRICTNESS_CASES)
+    assert [math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True)] == [
+        case[2] for case in STRICTNESS_CASES
+    ]
+    assert strict(responses, golds) == [0.0] * len(STRICTNESS_CASES)
+    # Digits within the rounding place, and a decimal for a value that has no short decimal, still pass.
+    assert strict(*_boxed([("3", "3.000000"), ("\\frac{1}{3}", "0.3333333"), ("3.14159265", "3.141593")])) == [1.0] * 3
+
+
+@pytest.mark.parametrize("name", ["unevaluated_arithmetic", "equation_right_side"])
+def test_each_exploit_is_a_convention_a_user_can_turn_back_on(name):
+    cases = [case for case in STRICTNESS_CASES if case[3] == name]
+    with MathReward(num_workers=1, conventions={name: True}) as reward:
+        verdicts = reward.grade(*_boxed(cases))
+    assert all(v.correct and name in v.conventions for v in verdicts), verdicts
+    with MathReward(num_workers=1, preset="lenient") as lenient:  # the grader's behaviour before it was named
+        assert lenient(*_boxed(cases)) == [1.0] * len(cases)
+
+
+def test_invisible_characters_are_ignored_by_a_named_convention(strict):
+    responses, golds = _boxed(INVISIBLE_CASES)
+    assert not any(math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True))
+    verdicts = strict.grade(responses, golds)
+    assert all(v.correct and "invisible_characters" in v.conventions for v in verdicts), verdicts
+    # In the gold too: a gold with a byte-order mark or a direction mark is matched by the plain answer.
+    assert strict(["\\boxed{12}", "\\boxed{12}"], ["\ufeff12", "1\u200f2"]) == [1.0, 1.0]
+    with MathReward(num_workers=1, conventions={"invisible_characters": False}) as literal:
+        assert literal(responses, golds) == [0.0] * len(INVISIBLE_CASES)
 
 
 def test_near_misses_are_never_looser_than_math_verify(strict):

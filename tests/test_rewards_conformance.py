@@ -15,7 +15,9 @@ BENCHMARKS = sorted(BENCHMARK_DIR.glob("*.jsonl"))
 # Tags whose verdict is one project's design choice; the rest are "plain maths" cases.
 CONVENTION_PREFIXES = ("convention", "extraction_policy", "config", "reasoning_tags")
 # Measured on 2026-12-01: strict 345/361, lenient 348/361, both 216/216 plain (the grader before presets: 346/361).
-STRICT_TOTAL, LENIENT_TOTAL = 345, 348
+# Since issue 30 (2026-12-02) strict refuses two more on purpose, both tagged `config:latex_only`: c0027 `(9+1)` for
+# 10 (`unevaluated_arithmetic`) and c0032 `\frac{1}{2} \$ = \frac{10}{9}` for 10/9 (`equation_right_side`).
+STRICT_TOTAL, LENIENT_TOTAL = 343, 348
 
 
 def _is_plain(case: dict) -> bool:

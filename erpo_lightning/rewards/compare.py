@@ -17,6 +17,7 @@ from erpo_lightning.rewards.conventions import GraderSettings
 from erpo_lightning.rewards.normalize import THOUSANDS_SEPARATOR, Leaf, normalize_leaf
 from erpo_lightning.rewards.numbers import (
     approximates,
+    is_computation,
     is_decimal,
     is_mixed_number,
     is_scientific,
@@ -99,6 +100,11 @@ def _seconds_of_day(text: str) -> int | None:
     if m.group(4):
         hours = hours % 12 + (12 if m.group(4).lower() == "p" else 0)
     return hours * 3600 + minutes * 60 + seconds
+
+
+def _is_choice(text: str) -> bool:
+    """Whether ``text`` is a multiple-choice letter (``C``, ``(C)``), whose answer is read by its letter alone."""
+    return re.fullmatch(r"[A-E]", normalize_leaf(text).text) is not None
 
 
 def _is_words(text: str) -> bool:
@@ -202,9 +208,23 @@ class AnswerComparer:
         return True
 
     def leaves(self, gold: str, pred: str) -> bool:
-        """Compare two atomic answers."""
+        """Compare two atomic answers.
+
+        An answer that is an equation whose left side is not a name (``5 = 7``), against a gold that is neither an
+        equation nor a choice letter, is refused unless ``equation_right_side`` is on: otherwise
+        ``\\boxed{<anything> = 7}`` would pay.
+        """
         if _squash(gold) == _squash(pred):
             return True
+        unnamed_equation = (
+            _is_equation(pred) and assignment_value(pred) is None and not _is_equation(gold) and not _is_choice(gold)
+        )
+        if unnamed_equation and not self.settings.equation_right_side:
+            return False
+        verdict = self._atoms(gold, pred)
+        return self._uses("equation_right_side", verdict) if unnamed_equation else verdict
+
+    def _atoms(self, gold: str, pred: str) -> bool:
         settings, plus_minus = self.settings, self.settings.plus_minus
         gold_value, pred_value = assignment_value(gold), assignment_value(pred)
         if settings.assignment:
@@ -280,6 +300,9 @@ class AnswerComparer:
                 return True
             same = gold.text.casefold().split() == pred.text.casefold().split()
             return self.settings.text_case and self._uses("text_case", same)
+        computed = gold_number is not None and is_computation(pred.text, mixed, scientific)
+        if computed and not self.settings.unevaluated_arithmetic:
+            return False  # "5 + 9 + 5" for 19: the problem's numbers restated, not the answer
         gold_text, pred_text = _symbolic_text(gold), _symbolic_text(pred)
         inner_degrees = "°" in gold_text + pred_text
         if inner_degrees:  # "\\sin(90^\\circ - x)": a degree is pi/180, under the `degrees` convention only
@@ -287,7 +310,8 @@ class AnswerComparer:
                 return False
             gold_text, pred_text = (t.replace("°", "\\cdot\\frac{\\pi}{180}") for t in (gold_text, pred_text))
         verdict = self._note_signs(gold, pred, self._symbolic(gold_text, pred_text))
-        return self._uses("degrees", verdict) if inner_degrees else verdict
+        verdict = self._uses("degrees", verdict) if inner_degrees else verdict
+        return self._uses("unevaluated_arithmetic", verdict) if computed else verdict
 
     def _numbers(self, gold: Fraction, gold_leaf: Leaf, pred: Fraction, pred_leaf: Leaf) -> bool:
         decimal = is_decimal(gold_leaf.text) or is_decimal(pred_leaf.text)

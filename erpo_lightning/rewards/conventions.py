@@ -6,8 +6,8 @@ A convention is a rule that makes two written answers equal although a strict re
 the conventions it relied on, so that a verdict can be traced to the rules that produced it.
 
 Two presets: ``strict`` (the default, for training and evaluation alike) and ``lenient`` (``strict`` plus
-approximate decimals and a relative tolerance of 1e-6 on numbers: the grader's behaviour before conventions were
-named).
+approximate decimals, a relative tolerance of 1e-6 on numbers, unevaluated arithmetic and the right side of any
+equation: the grader's behaviour before conventions were named).
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ CONVENTIONS: dict[str, str] = {
     "symbolic_extras": "rules beyond Math-Verify's sympy checks: written-out operations evaluated, a lone `i` as the "
     "imaginary unit, expressions equal at random real points",
     "numeric_tolerance": "numbers within relative tolerance `rel_tol` are equal (off when rel_tol is 0)",
+    "unevaluated_arithmetic": "a computation written out on numbers equals a numeric gold (`5 + 9 + 5` for 19, "
+    "`2^{10}` for 1024, `\\sqrt{16}` for 4): off by default, since it pays for restating the problem's numbers",
+    "equation_right_side": "an equation whose left side is not a name is read as its right side (`5 = 7` for 7); "
+    "off by default: `x = 7` needs only `assignment`",
+    "invisible_characters": "zero-width characters, direction marks, byte-order marks and other invisible format "
+    "characters are ignored in golds and answers (`1\u200b2` for 12)",
 }
 
 
@@ -84,6 +90,9 @@ class GraderSettings:
     font_markup: bool = True
     doubled_backslashes: bool = True
     symbolic_extras: bool = True
+    unevaluated_arithmetic: bool = False
+    equation_right_side: bool = False
+    invisible_characters: bool = True
     float_rounding: int = 6
     rel_tol: float = 0.0
 
@@ -110,7 +119,7 @@ class GraderSettings:
 
 _PRESETS: dict[str, dict[str, bool | float]] = {
     "strict": {},
-    "lenient": {"approximations": True, "rel_tol": 1e-6},
+    "lenient": {"approximations": True, "rel_tol": 1e-6, "unevaluated_arithmetic": True, "equation_right_side": True},
 }
 
 

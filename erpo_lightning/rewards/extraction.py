@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
+from erpo_lightning.rewards.normalize import strip_invisible
 from erpo_lightning.rewards.sentences import reduce_to_answer, sentence_prefix
 
 DEFAULT_FALLBACKS: tuple[str, ...] = ("final_answer", "answer_label", "conclusion")
@@ -50,11 +51,14 @@ def has_doubled_commands(text: str) -> bool:
     return _DOUBLED_COMMAND.search(text) is not None
 
 
-def clean_text(text: str | bytes, undouble: bool = True) -> str:
-    """Make untrusted text safe to regex: decode bytes, replace lone surrogates, undouble ``\\\\`` (``undouble``)."""
+def clean_text(text: str | bytes, undouble: bool = True, invisible: bool = True) -> str:
+    """Make untrusted text safe to regex: decode bytes, replace lone surrogates, undouble ``\\\\`` (``undouble``),
+    drop the characters that print as nothing (``invisible``: zero-width, direction marks, BOM)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     text = str(text).encode("utf-8", "replace").decode("utf-8")
+    if invisible:
+        text = strip_invisible(text)
     if undouble and _DOUBLED_COMMAND.search(text):
         text = _BACKSLASH_RUN.sub(lambda m: "\\\\" if m.group(1) else "\\", text)
     return text
@@ -152,12 +156,17 @@ def extract_answer(
 
 
 def extract_final(
-    response: str | bytes, fallbacks: Sequence[str], bare_max_chars: int, join_boxes: bool, undouble: bool = True
+    response: str | bytes,
+    fallbacks: Sequence[str],
+    bare_max_chars: int,
+    join_boxes: bool,
+    undouble: bool = True,
+    invisible: bool = True,
 ) -> tuple[str | None, Source]:
-    """:func:`extract_answer`, and how the answer was found."""
+    """:func:`extract_answer`, and how the answer was found (``undouble``, ``invisible``: see :func:`clean_text`)."""
     if unknown := _unknown_fallbacks(fallbacks):
         raise ValueError(f"unknown answer fallbacks: {unknown}")
-    text = strip_reasoning(clean_text(response, undouble))
+    text = strip_reasoning(clean_text(response, undouble, invisible))
     boxes = find_boxes(text)
     if boxes:
         # An explicit answer marker written after the last box restates the final answer.
@@ -187,9 +196,11 @@ def extract_gold(gold: str) -> str:
     return extract_gold_parts(gold)[0]
 
 
-def extract_gold_parts(gold: str, join_boxes: bool = True, undouble: bool = True) -> tuple[str, bool]:
+def extract_gold_parts(
+    gold: str, join_boxes: bool = True, undouble: bool = True, invisible: bool = True
+) -> tuple[str, bool]:
     """:func:`extract_gold` (only its last box unless ``join_boxes``), and whether it joins several boxes."""
-    text = strip_reasoning(clean_text(gold, undouble))
+    text = strip_reasoning(clean_text(gold, undouble, invisible))
     contents: list[str] = []
     for start, end, content in find_boxes(text):
         body = content if content is not None else text[start:end].split("{", 1)[1]

@@ -19,6 +19,7 @@ from erpo_lightning.rewards.extraction import (
     extract_gold_parts,
     has_doubled_commands,
 )
+from erpo_lightning.rewards.normalize import has_invisible
 from erpo_lightning.rewards.pool import Outcome, VerifierPool
 
 Backend = Literal["erpo", "math_verify"]
@@ -54,8 +55,8 @@ class Verdict:
 
 
 @lru_cache(maxsize=4096)
-def _cached_gold(gold: str, join_boxes: bool, undouble: bool) -> tuple[str, bool]:
-    return extract_gold_parts(gold, join_boxes, undouble)
+def _cached_gold(gold: str, join_boxes: bool, undouble: bool, invisible: bool) -> tuple[str, bool]:
+    return extract_gold_parts(gold, join_boxes, undouble, invisible)
 
 
 def bracket_depth(text: str, stop_at: int) -> int:
@@ -198,7 +199,12 @@ class MathReward:
             return None
         settings = self.settings
         answer, source = extract_final(
-            response, self.fallbacks, self.bare_max_chars, settings.multiple_boxes, settings.doubled_backslashes
+            response,
+            self.fallbacks,
+            self.bare_max_chars,
+            settings.multiple_boxes,
+            settings.doubled_backslashes,
+            settings.invisible_characters,
         )
         if answer is None:
             return Verdict(False, "no_answer")
@@ -206,7 +212,9 @@ class MathReward:
             return Verdict(False)  # read literally, "\\frac" is a line break and a word (Math-Verify would undouble it)
         if len(gold) > self.max_response_chars:
             return Verdict(False, "too_long")
-        gold_answer, gold_joined = _cached_gold(gold, settings.multiple_boxes, settings.doubled_backslashes)
+        gold_answer, gold_joined = _cached_gold(
+            gold, settings.multiple_boxes, settings.doubled_backslashes, settings.invisible_characters
+        )
         for text in (answer, gold_answer):
             if bracket_depth(text, self.max_depth) > self.max_depth:
                 return Verdict(False, "too_deep")
@@ -216,6 +224,8 @@ class MathReward:
         names |= {"marker": {"answer_markers"}, "bare": {"bare_answers"}}.get(source, set())
         if settings.doubled_backslashes and (has_doubled_commands(response) or has_doubled_commands(gold)):
             names.add("doubled_backslashes")
+        if settings.invisible_characters and (has_invisible(response) or has_invisible(gold)):
+            names.add("invisible_characters")
         extraction[i] = names
         try:
             equal = cheap.equal(gold_answer, answer)

@@ -54,6 +54,23 @@ _WORD_UNIT = re.compile(r"(?<=\d)(?:\s+[A-Za-z]{2,}|\s*[A-Za-z]{3,})(?:\s+[A-Za-
 _PERCENT = re.compile(r"\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", re.IGNORECASE)
 _DEGREE = re.compile(r"\s*°\s*$")
 _CHOICE = re.compile(r"\(([A-Z])\)")
+# Characters that print as nothing: soft hyphen, zero-width space/joiners, direction marks and embeddings, word
+# joiner and invisible operators, byte-order mark, variation selectors, tag characters.
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufe00-\ufe0f\ufeff"
+    "\U000e0000-\U000e007f\U000e0100-\U000e01ef]"
+)
+_EMPTY_MARKUP = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])|[{}\s]")
+
+
+def strip_invisible(text: str) -> str:
+    """``text`` without the characters that print as nothing (zero-width, direction marks, BOM...)."""
+    return _INVISIBLE.sub("", text)
+
+
+def has_invisible(text: str) -> bool:
+    """Whether ``text`` holds a character that prints as nothing."""
+    return _INVISIBLE.search(text) is not None
 
 
 def normalize_answer(text: str, thousands: bool = True) -> str:
@@ -69,6 +86,12 @@ def normalize_answer(text: str, thousands: bool = True) -> str:
     if thousands:
         text = _THOUSANDS.sub(lambda m: m.group().replace(",", ""), text)
     return _TRAILING.sub("", text).strip()
+
+
+def shows_nothing(text: str) -> bool:
+    """Whether ``text``, read as an answer, has no content: only invisible characters, whitespace, math delimiters,
+    braces, empty text wrappers and empty boxes (``\u200b``, ``$$``, ``\\text{}``, ``\\boxed{\\text{ }}``)."""
+    return not _EMPTY_MARKUP.sub("", _unwrap_text(normalize_answer(strip_invisible(text))))
 
 
 @dataclass(frozen=True)

@@ -98,10 +98,38 @@ def numbers_close(a: Fraction, b: Fraction, rel_tol: float) -> bool:
     return abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
 
 
-def numbers_equal(a: Fraction, b: Fraction, decimal: bool, float_rounding: int = DEFAULT_FLOAT_ROUNDING) -> bool:
+def numbers_equal(gold: Fraction, pred: Fraction, decimal: bool, float_rounding: int = DEFAULT_FLOAT_ROUNDING) -> bool:
     """Exact equality; when either side was written as a decimal, equality after rounding both to ``float_rounding``
-    places (``0.333333`` equals 1/3 at 6 places, ``0.333`` does not)."""
-    return a == b or (decimal and round(a, float_rounding) == round(b, float_rounding))
+    places, but only for a ``gold`` that no decimal of ``float_rounding`` places equals exactly.
+
+    Rounding lets a decimal stand for a value it cannot write out: ``0.333333`` (or ``0.3333333``) for 1/3,
+    ``0.007813`` for 1/128. A gold that has an exact short decimal (3, 0, 0.5) must be matched exactly: ``3.0000001``
+    is not 3 and ``0.0000001`` is not 0, whatever the rounding.
+    """
+    if gold == pred:
+        return True
+    rounded = round(gold, float_rounding)
+    return decimal and rounded != gold and rounded == round(pred, float_rounding)
+
+
+# A computation on numerals only: digits, operators, brackets, \frac and \sqrt (no letters, no constants). One
+# character or one command per repetition: no nested quantifier, so no backtracking blow-up.
+_COMPUTATION = re.compile(r"(?:[\d.\s\-+*/^!(){}\[\]]|\\(?:times|cdot|div|frac|sqrt)(?![A-Za-z]))+")
+_BINARY_OPERATOR = re.compile(r"[-+*/^]|\\(?:times|cdot|div|frac)(?![A-Za-z])")
+_NUMERAL = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+
+
+def is_computation(text: str, mixed: bool = True, scientific: bool = True) -> bool:
+    """Whether ``text`` is an operation written out between numbers rather than one number: ``5 + 9 + 5``,
+    ``2^{10}``, ``3 + \\frac{1}{2}``, ``\\sqrt{8} \\cdot \\sqrt{2}``.
+
+    One number in any notation :func:`parse_number` reads (``-5``, ``\\frac{1}{2}``, ``1.5 \\times 10^{3}``) is not
+    one, nor is a function of one number (``\\sqrt{16}``, ``5!``): a radical is a value.
+    """
+    text = text.strip()
+    if len(text) > 200 or not _COMPUTATION.fullmatch(text) or parse_number(text, mixed, scientific) is not None:
+        return False
+    return len(_NUMERAL.findall(text)) >= 2 and _BINARY_OPERATOR.search(text) is not None
 
 
 _ROUNDED_DECIMAL = re.compile(r"[+-]?(\d*)\.(\d{2,})")
