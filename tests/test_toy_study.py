@@ -1,5 +1,6 @@
 """The toy study: its claims' arithmetic (paired per seed, verdicts, the rerun rule), and a smoke test of
-experiments/toy_study.py in quick mode whose report, claims file and compare command are checked on real runs."""
+experiments/toy_study.py in quick mode whose report, claims file, compare command and rerun are checked on real
+runs. The study engine's own tests (rules, gates, the real-model study) are in tests/test_study_engine.py."""
 
 import json
 import shutil
@@ -7,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_quickstart import copy_quickstart_inputs
@@ -16,19 +18,25 @@ from erpo_lightning.toy import verify_shipped
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
-from toy_study import METHODS, check_methods  # noqa: E402
-from toy_study_claims import CLAIMS, Claim, confirm, evaluate, verdict  # noqa: E402
+from study_claims import Claim, KOfN, confirm, evaluate  # noqa: E402
+from study_definition import check_arms  # noqa: E402
+from toy_study import CLAIMS, METHODS, TOY  # noqa: E402
 
 STUDY = [sys.executable, str(REPO / "experiments" / "toy_study.py")]
 COMPARE = [sys.executable, str(REPO / "experiments" / "toy_study_compare.py")]
 QUICK_METHODS = ["grpo", "erpo", "erpo_released"]  # two Query-KL estimators, so the common one is exercised
+QUICK_ARGS = [
+    "--quick", "--methods", *QUICK_METHODS, "--steps", "2", "--eval-problems", "4", "--train-sample-size", "4",
+    "--fit-args=--data.batch_size 4 --rollout.group_size 4 --rollout.max_new_tokens 16",
+]  # fmt: skip
 
 
 def test_every_method_is_a_preset_and_every_claim_names_study_methods():
     assert all(flags[flags.index("--model.algorithm") + 1] in ALGORITHMS for flags in METHODS.values())
-    check_methods(METHODS)
+    check_arms(METHODS)
+    TOY.check()
     with pytest.raises(SystemExit, match="'typo'.*'grpp'"):
-        check_methods({"typo": ["--model.algorithm", "grpp"]})
+        check_arms({"typo": ["--model.algorithm", "grpp"]})
     assert {claim.method for claim in CLAIMS} | {claim.baseline for claim in CLAIMS} <= set(METHODS)
     assert len({claim.key for claim in CLAIMS}) == len(CLAIMS)
 
@@ -41,13 +49,15 @@ def test_every_method_is_a_preset_and_every_claim_names_study_methods():
 )  # fmt: skip
 def test_verdict_thresholds(k, n, expected):
     # holds: k >= ceil(0.8 n); fails: k <= floor(0.2 n); by hand for n = 5: 4, 1; n = 3: 3, 0; n = 1: 1, 0.
-    assert verdict(k, n) == expected
+    margins = np.array([1.0] * k + [-1.0] * (n - k))  # k seeds on the claimed side of the bound
+    assert KOfN().verdict(margins) == expected
 
 
 def test_claims_are_paired_within_each_seed():
+    seeds = [0, 1, 2, 3, 4]
     table = {
-        "erpo": {"Query-KL": [0.01, 0.5, 0.02, 0.001, 0.03], "T>1.0": [0.20, 0.18, 0.25, 0.10, 0.30]},
-        "grpo": {"Query-KL": [1.0, 1.0, 0.1, 2.0, 0.2], "T>1.0": [0.19, 0.18, 0.20, 0.12, 0.25]},
+        "erpo": {"seed": seeds, "Query-KL": [0.01, 0.5, 0.02, 0.001, 0.03], "T>1.0": [0.20, 0.18, 0.25, 0.10, 0.30]},
+        "grpo": {"seed": seeds, "Query-KL": [1.0, 1.0, 0.1, 2.0, 0.2], "T>1.0": [0.19, 0.18, 0.20, 0.12, 0.25]},
     }
     kl = Claim("kl", "erpo below grpo / 10", "Query-KL", "erpo", "grpo", "ratio", "below", 0.1)
     result = evaluate(kl, table, {"erpo": "sequence_k3", "grpo": "sequence_k3"})
@@ -69,8 +79,8 @@ def replace_method(claim: Claim, method: str) -> Claim:
 
 def test_query_kl_claims_fall_back_to_the_common_estimator_across_estimators():
     table = {
-        "erpo_released": {"Query-KL": [5.0], "Query-KL (common)": [0.01]},
-        "grpo": {"Query-KL": [1.0], "Query-KL (common)": [0.5]},
+        "erpo_released": {"seed": [0], "Query-KL": [5.0], "Query-KL (common)": [0.01]},
+        "grpo": {"seed": [0], "Query-KL": [1.0], "Query-KL (common)": [0.5]},
     }
     claim = Claim("kl", "released below grpo / 10", "Query-KL", "erpo_released", "grpo", "ratio", "below", 0.1)
     result = evaluate(claim, table, {"erpo_released": "token_k3", "grpo": "sequence_k3"})
@@ -107,12 +117,8 @@ def quick_study(tmp_path_factory) -> Path:
     """One quick study (3 methods, 1 seed, 2 steps) run by the real script in a copy of the inputs; its run dir."""
     workdir = tmp_path_factory.mktemp("study")
     copy_quickstart_inputs(workdir)
-    command = [
-        *STUDY, "--quick", "--workdir", str(workdir), "--methods", *QUICK_METHODS,
-        "--steps", "2", "--eval-problems", "4", "--train-sample-size", "4",
-        "--fit-args=--data.batch_size 4 --rollout.group_size 4 --rollout.max_new_tokens 16",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([*STUDY, *QUICK_ARGS, "--workdir", str(workdir)], capture_output=True, text=True,
+                            timeout=900)  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return workdir / "runs" / "toy_study_quick"
 
@@ -192,3 +198,21 @@ def test_report_only_rewrites_the_same_claims_from_the_runs_and_trains_nothing(q
     empty = subprocess.run([*STUDY, "--quick", "--workdir", str(tmp_path), "--report-only"], capture_output=True,
                            text=True, timeout=300)  # fmt: skip
     assert empty.returncode != 0 and "no toy-study runs under" in empty.stderr
+
+
+@pytest.mark.slow
+def test_a_rerun_skips_finished_runs_and_trains_an_unfinished_one_again(quick_study, tmp_path):
+    workdir = tmp_path / "work"
+    shutil.copytree(quick_study.parents[1], workdir)
+    out = workdir / quick_study.relative_to(quick_study.parents[1])
+    [summary] = (out / "erpo" / "seed0").glob("erpo/version_*/sweep_summary.json")
+    summary.unlink()  # erpo's run was killed before its final sweep
+    logs = {method: out / method / "seed0" / "fit.log" for method in QUICK_METHODS}
+    mtimes = {method: log.stat().st_mtime for method, log in logs.items()}
+    result = subprocess.run([*STUDY, *QUICK_ARGS, "--workdir", str(workdir)], capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert result.stdout.count("finished before, skipped") == 2, result.stdout
+    assert [m for m in QUICK_METHODS if logs[m].stat().st_mtime != mtimes[m]] == ["erpo"]
+    assert list((out / "erpo" / "seed0").glob("erpo/version_*")) == [summary.parent]  # cleared, then trained again
+    assert summary.is_file() and json.loads((out / "toy_study_claims.json").read_text())["claims"]
