@@ -32,6 +32,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import yaml  # noqa: E402
 from jsonargparse import Namespace  # noqa: E402
+from jsonargparse._common import debug_mode_active  # noqa: E402
 from lightning.fabric.plugins import CheckpointIO  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar  # noqa: E402
@@ -42,7 +43,13 @@ from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
 from erpo_lightning.checkpointing import AtomicCheckpointIO, resolve_resume_path  # noqa: E402
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
-from erpo_lightning.errors import SettingsError, debug_requested, quiet_known_warnings, run_reporting_errors  # noqa: E402
+from erpo_lightning.errors import (  # noqa: E402
+    SettingsError,
+    debug_requested,
+    parser_error_line,
+    quiet_known_warnings,
+    run_reporting_errors,
+)
 from erpo_lightning.evaluation import SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule, check_module_settings  # noqa: E402
@@ -59,6 +66,19 @@ MOVED_KEYS = {
     "data.weight_norm": "model.query_weight_norm (dataset | batch)",
     "data.weight_clip": "model.query_weight_clip ([lo, hi] or none)",
 }
+
+
+class ERPOArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, whose errors (a choice typo, a value of the wrong type) are one line, not the usage.
+
+    The error is raised as a SettingsError, which `run_reporting_errors` prints as `erpo: error: <line>` plus the
+    hint, exit status 2 as before; `erpo <subcommand> --help` still lists every option.
+    """
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or debug_mode_active():  # jsonargparse's own callers expect its exception
+            return super().error(message, ex)
+        raise SettingsError(parser_error_line(message))
 
 
 class ERPOProgressBar(RichProgressBar):
@@ -322,6 +342,7 @@ def main(args: list[str] | None = None) -> None:
             ERPOModule,
             QueryDataModule,
             trainer_class=ERPOTrainer,
+            parser_class=ERPOArgumentParser,
             save_config_kwargs={"overwrite": True},
             # Not LightningCLI's top-level `optimizer:` groups: they build the optimizer over the module's parameters
             # before configure_model has loaded the policy; `model.optimizer` is called in configure_optimizers.

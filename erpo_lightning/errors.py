@@ -8,8 +8,11 @@ not to apply to this project.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -44,6 +47,26 @@ def one_line(error: BaseException) -> str:
     if not message:
         return type(error).__name__
     return message if isinstance(error, _SELF_EXPLANATORY) else f"{type(error).__name__}: {message}"
+
+
+def parser_error_line(message: str) -> str:
+    """One line for a command-line parser error (jsonargparse's are several, with every union member's failure).
+
+    A value outside a `Literal` field's choices becomes `<field>: '<value>' is not one of a, b, c; did you mean 'x'?`;
+    any other message has its whitespace collapsed and its `Parser key "<field>":` prefix shortened to `<field>:`.
+    """
+    key = re.search(r'Parser key "([^"]+)":', message)
+    choices = re.search(r"Literal\[([^\]]*)\]", message)
+    value = re.search(r"(?:Got|Given) value: (.*)", message)
+    if key and choices and value:
+        options = [str(option) for option in ast.literal_eval(f"[{choices.group(1)}]")]
+        given = value.group(1).strip()
+        close = difflib.get_close_matches(given, options, n=1)
+        null = " (or null)" if "NoneType" in message else ""
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{key.group(1)}: {given!r} is not one of {', '.join(options)}{null}{hint}"
+    line = " ".join(message.split())
+    return re.sub(r'^Parser key "([^"]+)":', r"\1:", line)
 
 
 def run_reporting_errors(command: Callable[[], object], debug: bool) -> None:

@@ -64,6 +64,7 @@ def test_a_mistyped_choice_is_rejected_at_parse_and_good_ones_pass():
         result = results[f"fit --config {QUICKSTART} {flag}"]
         assert result["code"] != 0, f"{flag} was accepted"
         assert field in result["err"] and flag.split("=")[1] in result["err"], result["err"][-2000:]
+        assert len(result["err"].strip().splitlines()) == 2, result["err"][-2000:]  # one line + the hint, no usage
     quick = yaml.safe_load(results[" ".join(good[0])]["out"])
     assert quick["model"]["algorithm"] == "erpo_released" and quick["model"]["kl_clamp_mode"] == "log_ratio"
     released = yaml.safe_load(results[" ".join(good[1])]["out"])

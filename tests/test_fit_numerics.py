@@ -1,6 +1,7 @@
 """Numbers a run must not invent or keep (issue 30): logs of skipped steps and sweeps, diverged weights, checkpoints."""
 
 import csv
+import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -91,3 +92,24 @@ def test_sweep_values_are_logged_only_on_the_steps_that_ran_a_sweep(tiny_model_p
     rows = fit(tiny_model_path, benchmarks_dir / "gsm8k.jsonl", tmp_path, 3, module, ParityReward(), [sweeper])
     swept = [row["step"] for row in rows if row.get("val/avg@k/amc23")]
     assert swept == ["1"], [(row["step"], row.get("val/avg@k/amc23")) for row in rows]
+
+
+def test_a_tiny_dataset_and_all_truncated_responses_are_each_said_once(tiny_model_path, benchmarks_dir, tmp_path):
+    """One query for batches of 2, and 6-token responses the untrained model never finishes: one warning each."""
+    pl.seed_everything(0)
+    data = QueryDataModule(
+        str(tiny_model_path), [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 1}], template="plain",
+        max_prompt_length=1024, batch_size=2, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    trainer = ERPOTrainer(
+        max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[RolloutCallback(HFEngine(), ParityReward(), group_size=2, max_new_tokens=6, seed=0)],
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(ERPOModule(str(tiny_model_path), learning_rate=1e-3), datamodule=data)
+    messages = [str(w.message) for w in caught]
+    small = [m for m in messages if "training queries cannot fill one batch of 2" in m]
+    truncated = [m for m in messages if "every response of this run's first step reached rollout.max_new_tokens" in m]
+    assert (len(small), len(truncated)) == (1, 1), messages

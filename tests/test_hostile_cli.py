@@ -125,6 +125,26 @@ def test_gradient_clip_norm_null_is_off_and_the_module_checks_its_own_settings(c
             ERPOModule(str(tiny_model_path), **settings)
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        (
+            "--model.algorithm", "erpoo", "model.algorithm: 'erpoo' is not one of erpo, erpo_released, grpo, grpo_kl, "
+            "dapo, dapo_erpo, rloo, rloo_erpo, dr_grpo, reinforce; did you mean 'erpo'?",
+        ),
+        (
+            "--model.loss_aggregation", "tokn_mean", "model.loss_aggregation: 'tokn_mean' is not one of token_mean, "
+            "seq_mean_token_mean, seq_mean_token_sum, seq_sum_constant (or null); did you mean 'token_mean'?",
+        ),
+        ("--trainer.max_steps", "abc", "trainer.max_steps: Expected a <class 'int'>. Got value: abc"),
+    ],
+)  # fmt: skip
+def test_a_parse_error_is_one_line_not_the_usage(config, capsys, flag, value, expected):
+    code = run_main("fit", "--config", str(config), flag, value)
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [f"erpo: error: {expected}", DEBUG_HINT], err[-3000:]
+
+
 def test_bad_model_paths_are_named(config, capsys, tmp_path, monkeypatch):
     empty = tmp_path / "empty_model"
     empty.mkdir()

@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from erpo_lightning.data.datamodule import QueryDataModule
@@ -155,6 +156,7 @@ class RolloutCallback(pl.Callback):
         self._steps = 0
         self._synced_version: int | None = None
         self._timing = {"tokens": 0, "seconds": 0.0}
+        self._first_step_checked = False  # the all-truncated warning is about this process's first step
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists).
@@ -169,9 +171,17 @@ class RolloutCallback(pl.Callback):
         self._rank = trainer.global_rank
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Refuse dynamic sampling without a query stream to refill from (the loader exists from here on)."""
+        """Refuse dynamic sampling without a query stream to refill from (the loader exists from here on), and say
+        once when the training set cannot fill one batch."""
         if self.dynamic_sampling:
             query_stream(trainer.train_dataloader)
+        stream = getattr(trainer.train_dataloader, "batch_sampler", None)
+        if isinstance(stream, QueryBatchSampler) and stream.num_queries < stream.global_batch:
+            rank_zero_warn(
+                f"{stream.num_queries} training queries cannot fill one batch of {stream.global_batch} "
+                f"(data.batch_size x ranks): every step trains on the same {stream.num_queries}, in a new order, "
+                "and each step is an epoch; add queries or lower data.batch_size"
+            )
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: QueryBatch, batch_idx: int
@@ -203,6 +213,14 @@ class RolloutCallback(pl.Callback):
         self._steps += 1
 
         metrics.update(self._generation_metrics(generated))
+        if not self._first_step_checked:
+            self._first_step_checked = True
+            if metrics["truncated_ratio"] == 1.0:
+                rank_zero_warn(
+                    f"every response of this run's first step reached rollout.max_new_tokens "
+                    f"({self.settings.max_new_tokens}) unfinished: the reward sees no complete answer and the groups "
+                    "carry no learning signal; raise rollout.max_new_tokens (or check the stop tokens)"
+                )
         if self.dynamic_sampling:
             metrics["refill_rounds"] = float(rounds)
             indices = [g.query_index for g in generated]
