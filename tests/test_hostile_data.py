@@ -24,6 +24,7 @@ from erpo_lightning.data import (
 )
 from erpo_lightning.data.cache import MANIFEST_FILE, SCORES_FILE
 from erpo_lightning.data.sources import BENCHMARK_DIR
+from erpo_lightning.rewards import MathReward
 from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 REBUILD = "erpo cache --config <your config> --force true"
@@ -113,6 +114,44 @@ def test_a_gold_answer_that_can_never_match_is_a_row_error(tmp_path, answer, why
     assert f"{path} line 2, row 2, field 'answer': answer {answer!r} can never be matched: {why}" in str(error.value)
     queries, skipped = load_queries({"path": str(path)}, skip_invalid=True)
     assert [q.answer for q in queries] == ["\\{1, 2\\}", "{3}"] and skipped == {"unmatchable answer": 1}
+
+
+NOTHING = "it shows nothing (only invisible characters, math delimiters or empty markup)"
+
+
+@pytest.mark.parametrize(
+    "answer", ["\u200b", "\ufeff", "\u200f \u200e", "\\text{}", "$$", "\\(\\)", "\\boxed{\\text{ }}"]
+)
+def test_a_gold_that_shows_nothing_is_a_row_error(tmp_path, answer):
+    """Issue 30 item 9: such a gold passed validation, and no answer could ever match it."""
+    path = write_lines(tmp_path / "golds.jsonl", [good("fine", "2"), good("bad", answer)])
+    with pytest.raises(DataError) as error:
+        load_queries({"path": str(path)})
+    assert f"{path} line 2, row 2, field 'answer': answer {answer!r} can never be matched: {NOTHING}" in str(
+        error.value
+    )
+    queries, skipped = load_queries({"path": str(path)}, skip_invalid=True)
+    assert [q.answer for q in queries] == ["2"] and skipped == {"unmatchable answer": 1}
+
+
+@pytest.mark.parametrize("problem", ["\u200b", "\ufeff\u200d", " \u2060\u202e "])
+def test_a_problem_of_invisible_characters_only_is_a_row_error(tmp_path, problem):
+    path = write_lines(tmp_path / "problems.jsonl", [good("fine"), good(problem)])
+    with pytest.raises(DataError) as error:
+        load_queries({"path": str(path)})
+    expected = (
+        f"{path} line 2, row 2, field 'problem': problem is {problem!r} (empty, only invisible characters, or not text)"
+    )
+    assert expected in str(error.value)
+
+
+def test_a_gold_with_invisible_characters_around_its_answer_can_be_matched(tmp_path):
+    golds = ["\ufeff12", "1\u200b2", "\u200f\\frac{1}{2}\u200e", "x\u2060+1"]
+    path = write_lines(tmp_path / "golds.jsonl", [good(f"p{i}", gold) for i, gold in enumerate(golds)])
+    queries, _ = load_queries({"path": str(path)})
+    answers = ["12", "12", "0.5", "1 + x"]
+    with MathReward(num_workers=0) as reward:
+        assert reward([f"\\boxed{{{a}}}" for a in answers], [q.answer for q in queries]) == [1.0] * 4
 
 
 # ---------------------------------------------------------------------------------------------------- the cache

@@ -17,6 +17,7 @@ from pathlib import Path
 import datasets
 
 from erpo_lightning.data.files import DataError, RawRow, Table, read_local_file
+from erpo_lightning.rewards.normalize import shows_nothing, strip_invisible
 
 LOCAL_FORMATS = (".csv", ".json", ".jsonl", ".parquet")  # `.json`: one JSON array, or JSON Lines
 MAX_LISTED_ERRORS = 10
@@ -182,7 +183,8 @@ def unmatchable_answer(answer: str) -> str | None:
 
     The grader compares the gold with a response's final answer, which comes from a brace-balanced `\\boxed{...}`:
     a gold with an unclosed `{` or a stray `}` (e.g. an unterminated `\\boxed{`) equals no such answer, nor does an
-    empty `\\boxed{}`. Escaped braces `\\{`, `\\}` are text, not groups.
+    empty `\\boxed{}`, nor a gold that shows nothing once the grader has removed invisible characters, math
+    delimiters and empty markup (`\\u200b`, `$$`, `\\text{}`). Escaped braces `\\{`, `\\}` are text, not groups.
     """
     open_at: list[int] = []
     position = 0
@@ -202,6 +204,8 @@ def unmatchable_answer(answer: str) -> str | None:
         return f"the '{{' at character {open_at[-1] + 1} is never closed"
     if re.search(r"\\(?:boxed|fbox)\s*\{\s*\}", answer):
         return "its \\boxed{} is empty"
+    if shows_nothing(answer):
+        return "it shows nothing (only invisible characters, math delimiters or empty markup)"
     return None
 
 
@@ -223,8 +227,9 @@ def _row_issue(row: RawRow, fields_: tuple[str, str, str | None], transform: str
     problem_field, answer_field, id_field = fields_
     problem, raw_answer = row.values.get(problem_field), row.values.get(answer_field)
     answer = _answer_text(raw_answer, transform)
-    if not isinstance(problem, str) or not problem.strip():
-        return None, (problem_field, "bad problem", f"problem is {problem!r:.60} (empty or not text)")
+    if not isinstance(problem, str) or not strip_invisible(problem).strip():
+        detail = f"problem is {problem!r:.60} (empty, only invisible characters, or not text)"
+        return None, (problem_field, "bad problem", detail)
     if answer is None:
         return None, (answer_field, "bad answer", f"answer is {raw_answer!r:.60} (missing, empty or not text)")
     why = unmatchable_answer(answer)
