@@ -85,25 +85,55 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def checkpoint_folders(trainer: pl.Trainer, callback: ModelCheckpoint) -> list[str]:
+    """The folders where `callback`'s `last*.ckpt` of this run or of an earlier run with the same settings can be.
+
+    Its `dirpath` when set. Without one Lightning writes into the first logger's version folder,
+    `<save_dir>/<name>/version_<n>/checkpoints`, and a new run gets a new version: every version's folder is a
+    candidate (a glob pattern). Without a logger: `<default_root_dir>/checkpoints`.
+    """
+    if callback.dirpath is not None:
+        return [str(callback.dirpath)]
+    if trainer.loggers:
+        logger = trainer.loggers[0]  # its `version` is not read: that would fix this run's new version
+        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+        return [os.path.join(save_dir, str(logger.name), "*", "checkpoints")]
+    return [os.path.join(trainer.default_root_dir, "checkpoints")]
+
+
+def _last_checkpoints(folder: str) -> list[Path]:
+    """The `last.ckpt` / `last-v<n>.ckpt` files in `folder` (a glob pattern of local folders)."""
+    parent, _, pattern = folder.rpartition("/*/")
+    folders = Path(parent).glob(f"*/{pattern}") if parent else [Path(folder)]
+    return [
+        path for directory in folders for path in directory.glob("last*.ckpt")
+        if path.name == "last.ckpt" or path.stem.removeprefix("last-v").isdigit()
+    ]  # fmt: skip
+
+
 def resolve_resume_path(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
     """`fit`'s checkpoint: `last` must find one (a SettingsError otherwise); `last_or_none` may find none (None).
 
-    Every other value is returned unchanged. "Found" means a `last*.ckpt` in the folder of a ModelCheckpoint
-    callback, which is where Lightning's own `last` looks.
+    Every other value is returned unchanged. "Found" means a `last*.ckpt` in a folder of a ModelCheckpoint callback
+    (`checkpoint_folders`: its `dirpath`, or the logger's version folders when it has none); the newest one is
+    returned as a path. Remote folders (s3://, ...) are left to Lightning's own `last`.
     """
     if ckpt_path not in ("last", "last_or_none"):
         return ckpt_path
     callbacks = [callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint)]
-    found = set().union(*(callback._find_last_checkpoints(trainer) for callback in callbacks))
+    folders = [folder for callback in callbacks for folder in checkpoint_folders(trainer, callback)]
+    if any(not isinstance(get_filesystem(folder), LocalFileSystem) for folder in folders):
+        found = set().union(*(callback._find_last_checkpoints(trainer) for callback in callbacks))
+        return "last" if found or ckpt_path == "last" else None
+    found = [path for folder in folders for path in _last_checkpoints(folder)]
     if found:
-        return "last"
+        return str(max(found, key=lambda path: path.stat().st_mtime_ns))
     if ckpt_path == "last_or_none":
         return None
     if not callbacks:
         where = "no ModelCheckpoint callback is configured (trainer.callbacks)"
     else:
-        folders = sorted({str(callback.dirpath) for callback in callbacks if callback.dirpath is not None})
-        where = f"no last*.ckpt in {', '.join(folders) or f'the checkpoint folder under {trainer.default_root_dir}'}"
+        where = f"no last*.ckpt in {', '.join(sorted(set(folders)))}"
     raise SettingsError(
         f"ckpt_path: 'last' has nothing to resume: {where}; start without --ckpt_path, or pass --ckpt_path "
         "last_or_none to resume when a checkpoint exists and start from scratch otherwise"

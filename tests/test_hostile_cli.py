@@ -6,6 +6,7 @@ the subprocess tests run the installed `erpo` as a user does.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -221,7 +222,30 @@ def test_resume_keywords(tmp_path):
     with pytest.raises(SettingsError):  # a temporary file is not a checkpoint
         resolve_resume_path(trainer, "last")
     AtomicCheckpointIO().save_checkpoint({"global_step": 3}, folder / "last.ckpt")
-    assert resolve_resume_path(trainer, "last") == resolve_resume_path(trainer, "last_or_none") == "last"
+    found = str(folder / "last.ckpt")
+    assert resolve_resume_path(trainer, "last") == resolve_resume_path(trainer, "last_or_none") == found
+
+
+def test_resume_keywords_find_the_checkpoint_in_the_loggers_version_folder(tmp_path):
+    """A ModelCheckpoint without dirpath writes into `<save_dir>/<name>/version_<n>/checkpoints`, and a new run gets
+    a new version: `last_or_none` must still find the earlier run's checkpoint, and `last`'s error names the folders."""
+
+    def trainer():
+        logger = pl.loggers.CSVLogger(tmp_path / "runs", name="erpo")
+        return ERPOTrainer(accelerator="cpu", logger=logger, callbacks=[ModelCheckpoint(save_last=True)], max_steps=1)
+
+    pattern = tmp_path / "runs" / "erpo" / "*" / "checkpoints"
+    with pytest.raises(SettingsError, match=re.escape(f"nothing to resume: no last*.ckpt in {pattern};")):
+        resolve_resume_path(trainer(), "last")
+    assert resolve_resume_path(trainer(), "last_or_none") is None
+    first = tmp_path / "runs" / "erpo" / "version_0" / "checkpoints" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"global_step": 3}, first)
+    (tmp_path / "runs" / "erpo" / "version_1").mkdir()  # a later run that wrote no checkpoint
+    assert resolve_resume_path(trainer(), "last_or_none") == resolve_resume_path(trainer(), "last") == str(first)
+    newer = first.parents[2] / "version_2" / "checkpoints" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"global_step": 5}, newer)
+    os.utime(newer, ns=(first.stat().st_mtime_ns + 10**9,) * 2)
+    assert resolve_resume_path(trainer(), "last_or_none") == str(newer)  # the newest run's
 
 
 def test_atomic_checkpoint_io_replaces_whole_files_and_clears_orphans(tmp_path):
