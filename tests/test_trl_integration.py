@@ -389,3 +389,21 @@ def test_query_kl_callback_reloads_theta0_scores_on_resume(model_path, tmp_path)
         QueryKLCallback(elsewhere).on_train_begin(
             elsewhere.args, TrainerState(global_step=1), TrainerControl(), model=elsewhere.model
         )
+
+
+@pytest.mark.slow
+@requires_trl
+def test_docs_erpo_inside_trl_example_runs(tmp_path, monkeypatch):
+    """docs/trl.md's "ERPO inside TRL" example, as written (at most 15 lines), on the shipped toy model."""
+    text = (REPO / "docs" / "trl.md").read_text()
+    blocks = re.findall(r"<!-- example: erpo-trl -->\s*```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "docs/trl.md lost its ERPO inside TRL example"
+    assert len(blocks[0].splitlines()) <= 15
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(blocks[0], "docs/trl.md:erpo-trl", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == trainer.args.max_steps
+    logged = [entry for entry in trainer.state.log_history if "query_kl/sequence_k3" in entry]
+    assert logged and all(entry["query_kl/token_k3"] >= 0 for entry in logged)
+    assert (tmp_path / "runs" / "erpo_trl" / "erpo_reference" / "manifest.json").is_file()
