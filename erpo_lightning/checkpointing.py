@@ -9,6 +9,7 @@ it, which is atomic: the destination holds either the previous complete checkpoi
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,80 @@ def resolve_resume_path(trainer: pl.Trainer, ckpt_path: str | None) -> str | Non
         f"ckpt_path: 'last' has nothing to resume: {where}; start without --ckpt_path, or pass --ckpt_path "
         "last_or_none to resume when a checkpoint exists and start from scratch otherwise"
     )
+
+
+def lock_path(folder: Path) -> Path:
+    """The lock file of a run folder: `.<name>.erpo.lock` beside it, not in it (a ModelCheckpoint would warn that
+    its folder is not empty, and `--ckpt_path last` lists it)."""
+    return folder.parent / f".{folder.name}.erpo.lock"
+
+
+class RunDirectoryLock:
+    """Exclusive use of a run's folders (checkpoints, logs) by one process: a lock file per folder (`lock_path`),
+    held with `flock`.
+
+    The file records the holder's pid and host, which a second run's error names. The kernel drops the `flock` when
+    its process dies however it dies, so the file of a killed run is a stale lock: the next run takes it over (and
+    says so). A clean exit empties the file before unlocking it.
+    """
+
+    def __init__(self, folders: list[str | Path]) -> None:
+        self.folders = sorted({Path(folder).resolve() for folder in folders})
+        self._held: list[int] = []  # open descriptors of the locked files
+        self.taken_over: list[str] = []  # "<folder> (pid <n> on <host>)" of each stale lock taken over
+
+    def acquire(self) -> RunDirectoryLock:
+        """Lock every folder, or raise RunDirectoryInUse naming the holder; returns self."""
+        import fcntl
+
+        for folder in self.folders:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(lock_path(folder), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(descriptor, 4096, 0).decode(errors="replace").split()
+                os.close(descriptor)
+                self.release()
+                who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
+                raise RunDirectoryInUse(
+                    f"{folder} is in use by another erpo run ({who}): two runs would interleave their checkpoints "
+                    "and logs there; wait for it to end, or give this run its own folder (ModelCheckpoint dirpath, "
+                    "trainer.default_root_dir or the logger's save_dir / version)"
+                ) from None
+            previous = os.pread(descriptor, 4096, 0).decode(errors="replace").split()
+            if len(previous) >= 2:
+                self.taken_over.append(f"{folder} (pid {previous[0]} on {previous[1]})")
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            self._held.append(descriptor)
+        return self
+
+    def release(self) -> None:
+        """Empty and unlock every held file (idempotent)."""
+        import fcntl
+
+        for descriptor in self._held:
+            os.ftruncate(descriptor, 0)
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+            os.close(descriptor)
+        self._held = []
+
+
+class RunDirectoryInUse(RuntimeError):
+    """Another live process holds the lock of a run folder (`RunDirectoryLock`)."""
+
+
+def run_folders(trainer: pl.Trainer) -> list[str]:
+    """The local folders a fit writes into and no second run may share: each ModelCheckpoint's folder (its dirpath,
+    or the logger's version folder Lightning resolves it to) and the first logger's `log_dir`.
+
+    Reading the logger's version fixes it for this run, as Lightning would a moment later.
+    """
+    folders = []
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            folders.append(str(callback._ModelCheckpoint__resolve_ckpt_dir(trainer)))
+    if trainer.loggers and getattr(trainer.loggers[0], "log_dir", None) is not None:
+        folders.append(str(trainer.loggers[0].log_dir))
+    return [folder for folder in folders if isinstance(get_filesystem(folder), LocalFileSystem)]

@@ -41,7 +41,12 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
-from erpo_lightning.checkpointing import AtomicCheckpointIO, resolve_resume_path  # noqa: E402
+from erpo_lightning.checkpointing import (  # noqa: E402
+    AtomicCheckpointIO,
+    RunDirectoryLock,
+    resolve_resume_path,
+    run_folders,
+)
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
 from erpo_lightning.errors import (  # noqa: E402
     SettingsError,
@@ -178,9 +183,29 @@ class ERPOCLI(LightningCLI):
             check_settings(self.config[subcommand], subcommand)
             use_converted_gguf(self.config[subcommand])
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run the subcommand; the run folders' lock (taken in `before_fit`) is released however it ends."""
+        self.run_lock: RunDirectoryLock | None = None
+        try:
+            super()._run_subcommand(subcommand)
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
+
     def before_fit(self) -> None:
+        """Resolve `--ckpt_path last / last_or_none`, then lock the run's folders (the first process only)."""
         fit = self.config_init["fit"]
         fit["ckpt_path"] = resolve_resume_path(self.trainer, fit.get("ckpt_path"))
+        if first_process():
+            self.run_lock = RunDirectoryLock(run_folders(self.trainer)).acquire()
+            for stale in self.run_lock.taken_over:
+                print(f"[erpo] took over the stale lock of {stale}: that run is no longer running", flush=True)
+
+
+def first_process() -> bool:
+    """Whether this is the first process of the job (rank 0 of node 0), from the launchers' variables: Lightning's
+    own launcher, torchrun and SLURM give every other process a non-zero LOCAL_RANK, NODE_RANK, RANK or SLURM_PROCID."""
+    return all(int(os.environ.get(name, "0") or 0) == 0 for name in ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID"))
 
 
 def _config_files(args: list[str]) -> list[str]:
