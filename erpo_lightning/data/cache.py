@@ -9,8 +9,11 @@ lines the cached values up with left-padded prompt tokens.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,8 @@ SCORES_FILE = "scores.safetensors"
 MANIFEST_FILE = "manifest.json"
 TENSORS = ("logprobs", "offsets", "nll", "num_tokens")
 REBUILD_HINT = "rebuild it with `erpo cache --config <your config> --force true`"
+# A file being written: `.<name>.<pid of the writer>.tmp` (see `atomic_write`).
+_TEMPORARY = re.compile(r"\..+\.(\d+)\.tmp")
 
 
 class CacheCorruptError(RuntimeError):
@@ -163,18 +168,103 @@ class ReferenceLogprobCache:
         return None
 
 
-def atomic_save_file(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Write a safetensors file via a temporary file and a rename, so an interrupted write never leaves a cut file.
+class CacheWriteError(OSError):
+    """A cache file or folder that cannot be written (disk full, read-only folder, no permission); names the path."""
 
-    Written with `open`, so the file gets the usual permissions (umask), not the 0600 of `safetensors.save_file`.
+    def __init__(self, path: Path, error: OSError, what: str = "cannot write it") -> None:
+        reason = error.strerror or str(error)
+        hint = "free space there" if error.errno == errno.ENOSPC else "make it writable"
+        super().__init__(
+            f"{path}: {what} ({reason}); {hint} and run again, or choose another cache folder (data.cache_dir)"
+        )
+        self.errno, self.path = error.errno, path
+
+
+def _temporary(path: Path) -> Path:
+    """The hidden name a file is written under before its rename: `.<name>.<pid>.tmp` beside it."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temporary file and a rename, so an interrupted write never leaves a cut file.
+
+    Written with `open`, so the file gets the usual permissions (umask). When the write fails (a full disk, a
+    read-only folder) the temporary file is removed at once and the error names `path`.
+
+    Raises:
+        CacheWriteError naming `path` and why.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(save(tensors, metadata))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    tmp = _temporary(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise CacheWriteError(path, error) from error
+    except BaseException:  # Ctrl-C mid-write: no hidden file either
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_save_file(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file with :func:`atomic_write`: never cut, the usual permissions (not the 0600 of
+    `safetensors.save_file`), nothing left behind by a failed write."""
+    atomic_write(path, save(tensors, metadata))
+
+
+def _writer_running(pid: int) -> bool:
+    """Whether process `pid` (the writer named in a temporary file) still runs on this machine; not this process."""
+    if pid == os.getpid():
+        return False  # a leftover of an earlier write of this very process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Remove the temporary files (`.<name>.<pid>.tmp`) that writers which no longer run left in a cache `directory`
+    and its partial-chunk folders, e.g. after a full disk or a kill. A live writer's file is kept. Returns the
+    removed paths.
+
+    Called at the start of a cache build, before any rank writes, so no file of the current run is touched.
+    """
+    directory = Path(directory)
+    removed = []
+    for path in [*directory.glob(".*.tmp"), *directory.glob("partial/*/.*.tmp")]:
+        match = _TEMPORARY.fullmatch(path.name)
+        if match is None or _writer_running(int(match.group(1))):
+            continue
+        try:
+            path.unlink()
+        except OSError:  # gone meanwhile, or a read-only folder (refused later, if anything must be written)
+            continue
+        removed.append(path)
+    return removed
+
+
+def check_writable(*folders: Path) -> None:
+    """Create each folder (parents too) and a file in it, then remove the file: a read-only folder or file system is
+    refused before any score is computed.
+
+    Raises:
+        CacheWriteError naming the first folder that cannot be written.
+    """
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle, probe = tempfile.mkstemp(prefix=".write-check.", suffix=f".{os.getpid()}.tmp", dir=folder)
+            os.close(handle)
+            os.unlink(probe)
+        except OSError as error:
+            raise CacheWriteError(folder, error, "cannot write in this cache folder") from error
 
 
 def write_cache(directory: str | Path, cache: ReferenceLogprobCache, manifest: dict, fingerprint: str) -> Path:
@@ -182,9 +272,7 @@ def write_cache(directory: str | Path, cache: ReferenceLogprobCache, manifest: d
     cache. Returns the directory."""
     directory = Path(directory)
     cache.save(directory / SCORES_FILE, {"fingerprint": fingerprint, "dtype": str(manifest.get("dtype"))})
-    tmp = directory / f".{MANIFEST_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    os.replace(tmp, directory / MANIFEST_FILE)
+    atomic_write(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True).encode())
     return directory
 
 

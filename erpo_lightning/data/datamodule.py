@@ -20,10 +20,23 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from erpo_lightning.data.cache import SCORES_FILE, CacheCorruptError, ReferenceLogprobCache, read_manifest, write_cache
+from erpo_lightning.data.cache import (
+    SCORES_FILE,
+    CacheCorruptError,
+    ReferenceLogprobCache,
+    check_writable,
+    read_manifest,
+    remove_stale_temporaries,
+    write_cache,
+)
 from erpo_lightning.data.fingerprint import build_manifest, cache_home, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
-from erpo_lightning.data.reference_logprobs import Gather, LogprobBatching, compute_reference_logprobs
+from erpo_lightning.data.reference_logprobs import (
+    Gather,
+    LogprobBatching,
+    compute_reference_logprobs,
+    finished_chunks,
+)
 from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
@@ -260,7 +273,11 @@ class QueryDataModule(LightningDataModule):
         digest = fingerprint_digest(manifest)
         self.cache_digest = digest
         directory = Path(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_ROOT / digest
+        chunk_dir = directory / "partial" / f"{digest}-c{self.score_settings.chunk_size}"
         rank, world_size, gather = distributed_context(strategy)
+        # Before the ranks meet below: no rank of this run has written anything yet.
+        if removed := remove_stale_temporaries(directory):
+            report(f"removed {len(removed)} temporary file(s) left in {directory} by an interrupted write")
         cache = None if force else self._load_checked(directory, manifest, digest, repair)
         reuse = cache is not None
         if gather is not None:  # every rank takes the same branch: computing needs all of them
@@ -269,6 +286,7 @@ class QueryDataModule(LightningDataModule):
             report(f"loaded reference scores of {len(cache)} queries ({dtype}) from {directory}")
             return cache
 
+        check_writable(directory, chunk_dir)  # a read-only folder is refused before the model loads
         model = self._reference_engine(world_size, strategy, dtype)
         policy = policy_compute_dtype(module, strategy)
         why = "data.cache_dtype" if self.cache_dtype is not None else "the policy's" if policy else "the default"
@@ -276,13 +294,16 @@ class QueryDataModule(LightningDataModule):
             f"computing reference scores of {manifest['num_queries']} queries ({manifest['num_prompt_tokens']} tokens)"
             f" with {self.model_path} ({self.cache_engine}, {dtype}: {why}) on {world_size} rank(s)"
         )
+        if not force and (finished := finished_chunks(chunk_dir)):
+            total = -(-len(self.data.prompt_ids) // self.score_settings.chunk_size)
+            report(f"resuming an interrupted build: {finished} of {total} chunk(s) found in {chunk_dir} are read back")
         cache = compute_reference_logprobs(
             model,
             self.data.prompt_ids,
             rank,
             world_size,
             gather,
-            chunk_dir=directory / "partial" / f"{digest}-c{self.score_settings.chunk_size}",
+            chunk_dir=chunk_dir,
             settings=self.score_settings,
             resume=not force,
         )

@@ -25,6 +25,7 @@ from erpo_lightning.data.cache import ReferenceLogprobCache, atomic_save_file
 from erpo_lightning.data.reference_logprobs_vllm import vllm_query_logprobs
 from erpo_lightning.logprobs import sequence_logprobs
 
+CHUNK_NAME = "chunk_{:06d}.safetensors"  # one finished chunk in `chunk_dir`, by chunk number
 Shard = dict[str, torch.Tensor]  # {"query_index" [n], "lengths" [n], "logprobs" [sum(lengths)]}
 Gather = Callable[[object], list]  # one object per rank in, every rank's object out (all_gather_object)
 
@@ -42,6 +43,11 @@ class LogprobBatching:
     max_tokens: int = 16384
     max_batch_size: int = 64
     chunk_size: int = 512
+
+
+def finished_chunks(chunk_dir: str | Path) -> int:
+    """How many chunk files an earlier, interrupted build left in `chunk_dir` (read back, if intact, not recomputed)."""
+    return len(list(Path(chunk_dir).glob(CHUNK_NAME.replace("{:06d}", "*"))))
 
 
 def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[int]]:
@@ -125,7 +131,7 @@ def compute_logprob_shard(
         total = sum(lengths[i] for _, chunk in chunks for i in chunk)
         task = bar.add_task(f"reference log-probs (rank {rank}/{world_size})", total=total)
         for chunk_number, chunk in chunks:
-            path = Path(chunk_dir) / f"chunk_{chunk_number:06d}.safetensors" if chunk_dir else None
+            path = Path(chunk_dir) / CHUNK_NAME.format(chunk_number) if chunk_dir else None
             result = _load_chunk(path, chunk, lengths) if path and resume else None
             if result is None:
                 result = _logprob_chunk(model, prompts, lengths, chunk, settings, lambda n: bar.advance(task, n))
