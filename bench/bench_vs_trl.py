@@ -11,6 +11,9 @@ step and `--steps` timed steps. Ratios are of medians measured in the same run:
     ours `grpo_kl` vs TRL beta = 0.001 (both load a frozen reference model; k3 estimator; TRL's KL bias correction
                       off, so the two losses are the same, see docs/trl.md)
     ours `erpo`    vs TRL beta = 0.001 (Query-KL from the cached reference scores: no reference model)
+    TRL `ERPOTrainer` (erpo_lightning.integrations.trl, preset `erpo`) vs TRL beta = 0 and vs TRL beta = 0.001:
+                      the same TRL loop, its loss replaced by ERPO's (Query-KL from the same forward, θ0 scores
+                      computed in its constructor, before the timed steps, as ours are before `fit`)
 
 Per step: generation (our rollout callback: sampling, grading, packing; TRL's `_generate_and_score_completions`:
 the same, plus its reference-model forward when beta > 0), training (the rest of the step: forward, backward,
@@ -51,10 +54,13 @@ CONFIGS = {
     "ours_grpo_kl": ("ours", "grpo_kl"),
     "trl_beta_kl": ("trl", 0.001),  # = our grpo_kl preset's β
     "ours_erpo": ("ours", "erpo"),
+    "trl_erpo": ("trl_erpo", "erpo"),  # ERPOTrainer: GRPOTrainer with ERPO's loss (erpo_lightning.integrations.trl)
 }
 PAIRS = {"grpo_over_trl_beta0": ("ours_grpo", "trl_beta0"),
          "grpo_kl_over_trl_beta_kl": ("ours_grpo_kl", "trl_beta_kl"),
-         "erpo_over_trl_beta_kl": ("ours_erpo", "trl_beta_kl")}  # fmt: skip
+         "erpo_over_trl_beta_kl": ("ours_erpo", "trl_beta_kl"),
+         "trl_erpo_over_trl_beta0": ("trl_erpo", "trl_beta0"),  # goal <= 1.05: Query-KL nearly free
+         "trl_erpo_over_trl_beta_kl": ("trl_erpo", "trl_beta_kl")}  # goal <= 0.9  # fmt: skip
 # The shapes of bench_step.py's 20m model with the byte tokenizer's vocabulary: rollouts need a real tokenizer.
 SIZES = {
     "17m": dict(hidden_size=512, num_layers=6, num_heads=8, num_kv_heads=2, intermediate_size=1408),
@@ -155,7 +161,8 @@ def run_ours(args, algorithm: str) -> dict:
     return summarize(marks[1:])
 
 
-def run_trl(args, beta: float) -> dict:
+def run_trl(args, beta: float, algorithm: str | None = None) -> dict:
+    """TRL's GRPOTrainer with `beta`, or with `algorithm` our ERPOTrainer (which has no beta)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -169,17 +176,22 @@ def run_trl(args, beta: float) -> dict:
         return contains_answer(completions, answer)
 
     config = GRPOConfig(
-        output_dir=str(Path(args.workdir) / f"trl_{beta}"), use_cpu=True, report_to="none", save_strategy="no",
-        bf16=False, gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"},
+        output_dir=str(Path(args.workdir) / f"trl_{algorithm or beta}"), use_cpu=True, report_to="none",
+        save_strategy="no", bf16=False, gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"},
         per_device_train_batch_size=args.queries * args.group_size, num_generations=args.group_size,
         max_completion_length=args.max_new_tokens, temperature=1.0, learning_rate=args.lr,
         lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, beta=beta, loss_type="dapo",
         use_bias_correction_kl=False, max_steps=args.steps + 1, logging_steps=10**6, shuffle_dataset=False,
         disable_tqdm=True, seed=0, **trl_vllm_settings(args),
     )  # fmt: skip
-    trainer = GRPOTrainer(
+    trainer_class, extra = GRPOTrainer, {}
+    if algorithm is not None:
+        from erpo_lightning.integrations.trl import ERPOTrainer
+
+        trainer_class, extra = ERPOTrainer, {"algorithm": algorithm}
+    trainer = trainer_class(
         model=str(model_path), reward_funcs=reward, args=config, processing_class=tokenizer,
-        train_dataset=Dataset.from_dict({"prompt": prompts, "answer": answers}),
+        train_dataset=Dataset.from_dict({"prompt": prompts, "answer": answers}), **extra,
     )  # fmt: skip
     marks: list[tuple[float, float, float]] = []
     generation = trainer._generate_and_score_completions
@@ -279,7 +291,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         torch.manual_seed(0)
         side, setting = CONFIGS[args.config]
-        print(json.dumps(run_ours(args, setting) if side == "ours" else run_trl(args, setting)))
+        if side == "ours":
+            result = run_ours(args, setting)
+        else:
+            result = run_trl(args, 0.0, setting) if side == "trl_erpo" else run_trl(args, setting)
+        print(json.dumps(result))
         return
     if importlib.util.find_spec("trl") is None:
         sys.exit("TRL is not installed: pip install -e '.[trl]' (bench-only extra)")
