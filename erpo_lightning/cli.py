@@ -22,6 +22,7 @@ import difflib
 import math
 import os
 import re
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -40,6 +41,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
+from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
 from erpo_lightning.checkpointing import (  # noqa: E402
     AtomicCheckpointIO,
@@ -101,8 +103,8 @@ class ERPOTrainer(Trainer):
 
     `use_distributed_sampler` defaults to False: the datamodule's `QueryBatchSampler` already gives each rank its
     share of every global batch, and resumes mid-epoch. Checkpoint files are written atomically
-    (`AtomicCheckpointIO`) unless `plugins` or the strategy bring their own CheckpointIO, and the default progress
-    bar is `ERPOProgressBar`.
+    (`AtomicCheckpointIO`) unless `plugins` or the strategy bring their own CheckpointIO, SIGTERM / SIGUSR1 save the
+    last finished step and stop the run (`PreemptionCheckpoint`), and the default progress bar is `ERPOProgressBar`.
     """
 
     def __init__(self, *args, use_distributed_sampler: bool = False, **kwargs) -> None:
@@ -113,6 +115,8 @@ class ERPOTrainer(Trainer):
             plugins.append(AtomicCheckpointIO())
         callbacks = kwargs.get("callbacks")
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+        if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
+            callbacks.append(PreemptionCheckpoint())
         if kwargs.get("enable_progress_bar") is not False and _RICH_AVAILABLE:
             if not any(isinstance(c, ProgressBar) for c in callbacks):
                 callbacks.append(ERPOProgressBar())
@@ -184,10 +188,16 @@ class ERPOCLI(LightningCLI):
             use_converted_gguf(self.config[subcommand])
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """Run the subcommand; the run folders' lock (taken in `before_fit`) is released however it ends."""
+        """Run the subcommand; the run folders' lock (taken in `before_fit`) is released however it ends, and a
+        Ctrl-C during fit is re-raised as the KeyboardInterrupt that `run_reporting_errors` reports (exit 130)."""
         self.run_lock: RunDirectoryLock | None = None
         try:
             super()._run_subcommand(subcommand)
+        except SystemExit:  # Lightning's exit(1) after a KeyboardInterrupt in fit: report it as one (exit 130)
+            if any(getattr(c, "interrupted", False) for c in self.trainer.callbacks):
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignored further Ctrl-Cs
+                raise KeyboardInterrupt from None
+            raise
         finally:
             if self.run_lock is not None:
                 self.run_lock.release()

@@ -1,9 +1,11 @@
 """What a user of `erpo` sees when something goes wrong: one line naming the problem, and how to get the traceback.
 
 `run_reporting_errors` wraps the command line: an exception becomes `erpo: error: <message>` plus a hint line, exit
-status 1 (2 for a setting outside its range, like the parser's own errors). `ERPO_DEBUG=1` or `--debug` re-raises
-instead, with the full traceback. `quiet_known_warnings` silences, by message and category, library notices known
-not to apply to this project.
+status 1 (2 for a setting outside its range, like the parser's own errors). A run that stopped on purpose and says
+how (an exception with an `exit_status`: `callbacks.preemption.Preempted` after a signal) prints its message and
+exits with that status; an interrupted one (Ctrl-C) exits 130. `ERPO_DEBUG=1` or `--debug` re-raises instead, with
+the full traceback. `quiet_known_warnings` silences, by message and category, library notices known not to apply to
+this project.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ def run_reporting_errors(command: Callable[[], object], debug: bool) -> None:
         print("erpo: interrupted", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except Exception as error:
+        status = getattr(error, "exit_status", None)
+        if status is not None:  # a run that stopped on purpose and says how (`Preempted`): not an error
+            print(f"erpo: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(status) from None
         if debug:
             raise
         print(f"erpo: error: {one_line(error)}\n{DEBUG_HINT}", file=sys.stderr, flush=True)

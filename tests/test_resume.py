@@ -32,7 +32,7 @@ class RecordQueriesAndMetrics(L.Callback):
         self.steps.append((trainer.global_step, trained, rollout.input_ids.tolist(), metrics))
 
 
-def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0):
+def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0, extra_callbacks=()):
     L.seed_everything(0)
     module = ERPOModule(str(model_path), learning_rate=1e-3, temperature=1.0)
     data = QueryDataModule(
@@ -44,6 +44,7 @@ def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0):
         RolloutCallback(HFEngine(), character_parity_reward, group_size=4, max_new_tokens=6, seed=rollout_seed),
         ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1, filename="{step}"),
         recorder,
+        *extra_callbacks,
     ]
     # The `erpo` command's trainer: its checkpoints are written by AtomicCheckpointIO (temporary file, then rename).
     trainer = ERPOTrainer(

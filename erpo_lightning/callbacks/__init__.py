@@ -1,7 +1,8 @@
-"""Lightning callbacks: rollouts every step, temperature sweeps during fit, Hugging Face export."""
+"""Lightning callbacks: rollouts every step, temperature sweeps during fit, Hugging Face export, preemption."""
 
 from erpo_lightning.callbacks.export import HFExportCallback
+from erpo_lightning.callbacks.preemption import PreemptionCheckpoint
 from erpo_lightning.callbacks.rollout import RolloutCallback
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback
 
-__all__ = ["HFExportCallback", "RolloutCallback", "TemperatureSweepCallback"]
+__all__ = ["HFExportCallback", "PreemptionCheckpoint", "RolloutCallback", "TemperatureSweepCallback"]

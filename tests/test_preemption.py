@@ -1,0 +1,68 @@
+"""Preemption (issue 30): SIGTERM / SIGUSR1 during fit save the last finished step and exit non-zero, and resuming
+from that checkpoint is exact; Ctrl-C exits 130."""
+
+import os
+import signal
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from test_hostile_cli import run_main, tiny_config
+from test_resume import LOGGED, run
+
+from erpo_lightning.callbacks.preemption import Preempted
+
+
+class SignalAt(pl.Callback):
+    """Sends `signal_name` to this process at the start of training step `step` (1-based), i.e. while it runs."""
+
+    def __init__(self, step: int, signal_name: str = "SIGTERM") -> None:
+        self.step, self.signal_name = step, signal_name
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step + 1 == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signal_name))
+
+
+def test_sigterm_saves_the_step_in_progress_and_resuming_from_it_is_exact(tiny_model_path, benchmarks_dir, tmp_path):
+    data_file = benchmarks_dir / "gsm8k.jsonl"
+    full_steps, full_weights = run(tiny_model_path, data_file, tmp_path / "full", 4)
+    last = tmp_path / "part" / "ckpt" / "last.ckpt"
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Preempted, match=f"preempted by SIGTERM: saved global step 2 to {last};") as stopped:
+        run(tiny_model_path, data_file, tmp_path / "part", 4, extra_callbacks=[SignalAt(2)])
+    assert stopped.value.exit_status == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == handler  # put back after the run
+    assert torch.load(last, weights_only=False)["global_step"] == 2  # the step that was running when it came
+    resumed_steps, resumed_weights = run(tiny_model_path, data_file, tmp_path / "part", 4, ckpt_path=last)
+    assert [s[0] for s in resumed_steps] == [3, 4]
+    for (step, queries, rows, metrics), (r_step, r_queries, r_rows, r_metrics) in zip(
+        full_steps[2:], resumed_steps, strict=True
+    ):
+        assert (step, queries, rows) == (r_step, r_queries, r_rows)
+        for name in LOGGED:
+            assert abs(metrics[name] - r_metrics[name]) < 1e-6, (step, name, metrics[name], r_metrics[name])
+    for key in full_weights:
+        torch.testing.assert_close(resumed_weights[key], full_weights[key], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1", "SIGINT"])
+def test_erpo_fit_exits_non_zero_on_a_signal(tiny_model_path, benchmarks_dir, tmp_path, capsys, signal_name):
+    folder = tmp_path / "ckpt"
+    callbacks = [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"dirpath": str(folder)}},
+        {"class_path": "test_preemption.SignalAt", "init_args": {"step": 1, "signal_name": signal_name}},
+    ]
+    config = tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl", callbacks=callbacks, max_steps=3)
+    try:
+        code = run_main("fit", "--config", str(config))
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    err = capsys.readouterr().err
+    if signal_name == "SIGINT":  # Ctrl-C: like `erpo validate`, 130
+        assert code == 130 and err.strip().splitlines()[-1] == "erpo: interrupted", err[-2000:]
+        return
+    assert code == 128 + getattr(signal, signal_name), err[-2000:]
+    last = folder / "last.ckpt"
+    assert f"erpo: preempted by {signal_name}: saved global step 1 to {last}; resume with --ckpt_path last" in err
+    assert torch.load(last, weights_only=False)["global_step"] == 1
