@@ -51,9 +51,9 @@ def resolve_model_path(path: str) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Convert beside the target and rename: concurrent processes (ranks, parallel jobs) never see half a directory.
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of the same cache home
     try:
         convert_gguf(gguf_file, staging, digest)
+        share_like_other_files(staging)
         try:
             os.replace(staging, target)
         except OSError:
@@ -62,6 +62,17 @@ def resolve_model_path(path: str) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+def share_like_other_files(directory: Path) -> None:
+    """Give `directory` and everything in it the permissions of a file made with `open` (0666 and 0777 less the
+    umask, e.g. 0644 and 0755), not the 0700 of `mkdtemp` or the 0600 that `save_pretrained` gives weight files:
+    other users of a shared cache home can read the conversion."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for path in [directory, *directory.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def convert_gguf(gguf_file: Path, out_dir: Path, digest: str) -> None:
