@@ -176,6 +176,7 @@ def test_loss_and_gradients_equal_rl_loss(preset, model_path, tmp_path):
     inputs["old_per_token_logps"] = off_policy(trainer.model, inputs)
     algorithm = resolve_algorithm(preset)
     assert trainer.algorithm == algorithm
+    assert trainer.args.weight_decay == algorithm.weight_decay  # the preset's optimizer default (0.01 for released)
 
     loss, grads = gradients(trainer.model, lambda: trainer.compute_loss(trainer.model, inputs))
     expected_loss, expected_grads = gradients(
@@ -306,6 +307,11 @@ def test_reference_scores_are_reused_and_never_rescored_from_a_trained_model(mod
     with pytest.raises(CacheMismatchError, match="the model weights differ"):
         make_trainer(trained, tmp_path)
     assert scores.stat().st_mtime_ns == written
+
+    from erpo_lightning.integrations.trl import QueryKLCallback
+
+    with pytest.raises(ValueError, match="ERPOTrainer already logs query_kl"):
+        QueryKLCallback(trainer)
 
 
 def hand_query_kl(model, reference_model, prompts: list[str]) -> dict[str, float]:

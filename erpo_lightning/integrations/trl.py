@@ -15,7 +15,7 @@ Importing this module imports TRL; `import erpo_lightning` does not.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -56,7 +56,7 @@ def _unsupported(args: GRPOConfig, algorithm: Algorithm) -> str | None:
     expected = {  # GRPOConfig field -> the algorithm's value; a field left at TRL's default follows the algorithm
         "loss_type": TRL_LOSS_TYPE.get(algorithm.loss_aggregation),
         "epsilon": algorithm.clip_low,
-        "epsilon_high": algorithm.clip_high,
+        "epsilon_high": algorithm.clip_low if algorithm.clip_high is None else algorithm.clip_high,
         "delta": algorithm.dual_clip,
         "scale_rewards": {"grpo": "group", "dr_grpo": "none"}.get(algorithm.advantage_estimator),
     }
@@ -122,7 +122,7 @@ class ERPOTrainer(GRPOTrainer):
     def __init__(self, *args, algorithm: str | Algorithm = "erpo", reference_dir: str | Path | None = None, **kwargs):
         overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in ALGORITHM_FIELDS}
         if isinstance(algorithm, Algorithm):
-            algorithm = Algorithm(**{**{f.name: getattr(algorithm, f.name) for f in fields(Algorithm)}, **overrides})
+            algorithm = replace(algorithm, **overrides)
         else:
             algorithm = resolve_algorithm(algorithm, **overrides)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
@@ -133,6 +133,8 @@ class ERPOTrainer(GRPOTrainer):
         if problem is not None:
             raise ValueError(f"ERPOTrainer: {problem}")
         self.algorithm = algorithm
+        if self.args.weight_decay == _default("weight_decay"):  # an optimizer default of the preset (erpo_released)
+            self.args.weight_decay = algorithm.weight_decay
         prompts = list(self.train_dataset["prompt"])
         prompt_ids = _prompt_ids(self, prompts)
         manifest = reference_manifest(self.model, self.processing_class, prompts, prompt_ids, _template(self, prompts))
@@ -207,15 +209,25 @@ class ERPOTrainer(GRPOTrainer):
         weights = self._query_weights(rows, prompt_ids, prompt_mask, is_leader)
         if weights is not None:
             output["erpo_query_weights"] = weights
-            leader_weights = self.accelerator.gather(weights[is_leader])
-            for stat in ("mean", "min", "max"):
-                self._metrics[mode][f"query_kl/weight_{stat}"].append(getattr(leader_weights, stat)().item())
+            self._log_weight_stats(mode, weights[is_leader])
         # The step's global counts (rl_loss's normalizers): one generation batch is one optimizer step per process.
         counts = obj.loss_normalizers(output["completion_mask"], obj.query_token_mask(prompt_mask, width), is_leader)
         totals = self.accelerator.reduce(torch.stack(list(counts.values())), "sum")
         for name, total in zip(counts, totals, strict=True):
             output[f"erpo_count_{name}"] = total  # 0-dim: TRL's shuffle and split pass it through unchanged
         return output
+
+    @torch.no_grad()
+    def _log_weight_stats(self, mode: str, weights: torch.Tensor) -> None:
+        """Mean, min and max of w(q) over the queries of all processes ([Q_local] in, any Q_local, 0 included)."""
+        totals = self.accelerator.reduce(torch.stack([weights.sum(), weights.new_tensor(float(len(weights)))]), "sum")
+        inf = weights.new_tensor([float("inf")])
+        low = self.accelerator.gather(weights.min(0, keepdim=True)[0] if len(weights) else inf).min()
+        high = self.accelerator.gather(weights.max(0, keepdim=True)[0] if len(weights) else -inf).max()
+        if totals[1] > 0:
+            self._metrics[mode]["query_kl/weight_mean"].append((totals[0] / totals[1]).item())
+            self._metrics[mode]["query_kl/weight_min"].append(low.item())
+            self._metrics[mode]["query_kl/weight_max"].append(high.item())
 
     # ------------------------------------------------------------------------------------------------ the loss
     def _compute_loss(self, model, inputs):
@@ -261,7 +273,7 @@ class ERPOTrainer(GRPOTrainer):
         values = {f"query_kl/{estimator}": parts["query_kl"], "query_kl/token_k3": parts["query_kl_token_k3"]}
         for name, per_query in values.items():
             totals = self.accelerator.reduce(
-                torch.stack([per_query.sum(), torch.tensor(float(per_query.numel()))]), "sum"
+                torch.stack([per_query.sum(), per_query.new_tensor(float(per_query.numel()))]), "sum"
             )
             if totals[1] > 0:
                 self._metrics[mode][name].append((totals[0] / totals[1]).item())
@@ -288,6 +300,10 @@ class QueryKLCallback(TrainerCallback):
     """
 
     def __init__(self, trainer: GRPOTrainer, num_probes: int = 64):
+        if isinstance(trainer, ERPOTrainer):
+            raise ValueError(
+                "QueryKLCallback: ERPOTrainer already logs query_kl/* from its training batches, under the same names"
+            )
         self.trainer, self.num_probes = trainer, num_probes
         self.reference = None
         self.prompt_ids: list[list[int]] = []
