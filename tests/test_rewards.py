@@ -8,6 +8,9 @@ import pickle
 import pytest
 
 from erpo_lightning.rewards import MathReward, RewardFn, extract_answer, verify_answer
+from erpo_lightning.rollout.engine import Sample
+from erpo_lightning.rollout.sampler import RolloutSampler
+from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +155,35 @@ def test_verify_answer():
 def test_mismatched_lengths_raise(reward):
     with pytest.raises(ValueError):
         reward(["\\boxed{1}"], [])
+
+
+class _EchoEngine:
+    """Every sample of every prompt is the prompt itself, finished."""
+
+    def generate(self, prompt_ids, settings):
+        return [[Sample(list(ids), [0.0] * len(ids), "stop") for _ in range(settings.n)] for ids in prompt_ids]
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (lambda responses: [1.0] * (len(responses) - 1), "returned 5 values for 6 responses: it must return one per"),
+        (lambda responses: [1.0] * (len(responses) + 2), "returned 8 values for 6 responses: it must return one per"),
+        (lambda responses: 1.0, "returned a float, not a list of 6 numbers (one per response, in order)"),
+    ],
+)
+def test_a_custom_reward_with_the_wrong_number_of_values_is_refused_with_the_counts(returned, message):
+    """Issue 30 item 12: today a reshape fails later, naming neither the reward nor what it should have returned."""
+    tokenizer = build_byte_tokenizer()
+
+    class OffByOne:
+        def __call__(self, responses, golds):
+            return returned(responses)
+
+    sampler = RolloutSampler(_EchoEngine(), OffByOne(), tokenizer=tokenizer)
+    prompts = [tokenizer.encode("1 + 1"), tokenizer.encode("2 + 2")]
+    with pytest.raises(ValueError) as error:
+        sampler.sample_and_grade(prompts, ["2", "4"], n=3, temperature=1.0, seed=0)
+    assert str(error.value).startswith(f"the reward {__name__}.{OffByOne.__qualname__} {message}")
+    exact = RolloutSampler(_EchoEngine(), lambda responses, golds: [0.5] * len(responses), tokenizer=tokenizer)
+    assert exact.sample_and_grade(prompts, ["2", "4"], n=3, temperature=1.0, seed=0).rewards.shape == (2, 3)

@@ -12,7 +12,7 @@ from time import perf_counter
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from erpo_lightning.rewards.protocol import Reward
+from erpo_lightning.rewards.protocol import Reward, score_responses
 from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings
 
 
@@ -99,7 +99,8 @@ class RolloutSampler:
         generated = perf_counter()
         flat = [sample for group in samples for sample in group]
         texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
-        rewards = torch.tensor(self.reward(texts, [gold for gold in golds for _ in range(n)]), dtype=torch.float32)
+        scores = score_responses(self.reward, texts, [gold for gold in golds for _ in range(n)])
+        rewards = torch.tensor(scores, dtype=torch.float32)
         rewards = rewards.view(len(prompts), n)
         return GradedGroups(
             samples, texts, rewards, rewards >= self.correct_threshold, generated - start, perf_counter() - generated
