@@ -97,16 +97,16 @@ class MeanMargin:
 @dataclass(frozen=True)
 class Gate:
     """A precondition of a claim, checked in every seed the claim pairs: `quantity` of `arm` (minus its `minus`
-    quantity, when given) lies within [low, high] (points for accuracies). A failed gate gives the claim the verdict
-    `fails_as`."""
+    quantity, when given) lies within [low, high] (points for accuracies; None: no bound). A failed gate gives the
+    claim the verdict `fails_as`."""
 
     key: str
     text: str
     arm: str
     quantity: str
     minus: str | None = None
-    low: float = -math.inf
-    high: float = math.inf
+    low: float | None = None
+    high: float | None = None
     fails_as: str = "untestable"
 
 
@@ -169,7 +169,8 @@ def check_gate(gate: Gate, table: dict, seeds: list[int]) -> dict:
     if gate.minus is not None:
         values = values - seed_values(table, gate.arm, gate.minus, seeds)
     values = values * points(gate.quantity)
-    inside = np.isfinite(values) & (values >= gate.low) & (values <= gate.high)
+    low, high = -math.inf if gate.low is None else gate.low, math.inf if gate.high is None else gate.high
+    inside = np.isfinite(values) & (values >= low) & (values <= high)
     result.update(per_seed=[float(v) if np.isfinite(v) else None for v in values], passed=bool(inside.all()))
     return result
 

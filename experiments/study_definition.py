@@ -14,6 +14,8 @@ from study_report import RunRecord
 
 from erpo_lightning.algorithms import ALGORITHMS
 
+ALL_QUERIES = 100_000  # a train_sample_size meaning every training query (the sample is at most the training set)
+
 
 @dataclass(frozen=True)
 class StudySettings:
@@ -39,6 +41,7 @@ class ReportInputs:
         minutes: the runs' wall time, first start to last end.
         jobs: runs in parallel.
         description: `study.json` (arms, settings, model identity, command), stored with the claims.
+        base_config: the study's base config.
     """
 
     records: list[RunRecord]
@@ -48,6 +51,7 @@ class ReportInputs:
     minutes: float
     jobs: int
     description: dict
+    base_config: str
 
 
 ReportWriter = Callable[[ReportInputs], list[dict]]  # writes a study's report; returns its evaluated claims

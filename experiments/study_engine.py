@@ -117,7 +117,7 @@ def main(study: Study, argv: list[str] | None = None) -> None:
         records = [record for record in records if record.seed in settings.seeds]
     (out / STUDY_FILE).write_text(json.dumps(description, indent=1) + "\n")
     report = ReportInputs(records, settings, args.workdir / args.report, command, study_minutes(records), args.jobs,
-                          description)  # fmt: skip
+                          description, study.base_config)  # fmt: skip
     study.write_report(report)
     if args.report_only:
         print(f"report rewritten from {len(records)} runs: {args.workdir / args.report}")
