@@ -26,6 +26,7 @@ from study_report import (
     markdown_table,
     mean_std,
     median_range,
+    seeds_line,
     write_claims,
 )
 
@@ -71,7 +72,7 @@ def real_model_report(inputs: ReportInputs, claims: tuple[Claim, ...]) -> list[d
     curve_figure(records, curves, CURVES)
     evaluation_figure(table, base, settings.temperatures, benchmark, evaluation)
     columns = {f"T={t:g}": f"T={t:g}" for t in settings.temperatures}
-    seeds = ", ".join(map(str, sorted({record.seed for record in records})))
+    seeds = seeds_line(records)
     every = settings.train_sample_size >= ALL_QUERIES
     train_queries = (
         "every training query" if every else f"a fixed sample of {settings.train_sample_size} training queries"

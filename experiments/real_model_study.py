@@ -4,7 +4,7 @@ erpo_released's matched baseline (its preset without Query-KL and w(q)), seeds 0
 (issue 26).
 
     python experiments/real_model_study.py --model-path "$(.venv/bin/python -m erpo_lightning.real_model)"
-    python experiments/real_model_study.py --seeds 0 1 2 ...   # a third seed, for claims whose seeds split
+    python experiments/real_model_study.py --seeds 0 1 2 --model-path ...   # a third seed (0 and 1 are skipped)
     python experiments/real_model_study.py --report-only       # rewrite the report from the finished runs
     python experiments/real_model_study.py --quick             # CI smoke test: the shipped toy model, HF engine
     python experiments/study_compare.py real_model runs/real_rerun   # does a rerun confirm the claims?
@@ -12,7 +12,9 @@ erpo_released's matched baseline (its preset without Query-KL and w(q)), seeds 0
 Without `--model-path`, `python -m erpo_lightning.real_model` is run to find SmolLM2's converted directory (it
 downloads and converts it the first time). The study spans sessions: rerun the same command and the runs that
 finished are skipped, an unfinished one is cleared and trained again. It needs the whole machine: one run at a time
-(`--jobs 1`). The full study writes docs/real_model_study.md (+ PNGs and real_model_study_claims.json beside it).
+(`--jobs 1`). The full study writes docs/real_model_study.md (+ PNGs and real_model_study_claims.json beside it)
+from every finished run of the arms asked for: after a third seed of some arms only (`--arms erpo grpo --seeds 2`),
+`--report-only` rewrites it with every arm.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Every run is the real command line, `erpo fit --config <base config>` with its a
 callback config: one temperature sweep on the held-out problems (with the train-vs-eval gap on a fixed sample of
 training queries) after the last step; the very first run also sweeps before its first step (the base model's row).
 Runs that finished before with the same command are skipped, others are cleared and rerun (study_runs), so a study
-killed mid-way resumes where it stopped. Then the study's report is written from the runs' logs; `--report-only`
-rewrites it from the finished runs without training. Every study writes `<out>/study.json` (arms, settings, model).
+killed mid-way resumes where it stopped. Then the study's report is written from the logs of every finished run of
+the arms asked for under `--out` (this call's or earlier ones'); `--report-only` rewrites it without training.
+Every study writes `<out>/study.json` (arms, settings, model).
 
 Each study's script runs it: `python experiments/toy_study.py [--quick | --report-only | ...]`,
 `python experiments/real_model_study.py [...]`. Paths (`--workdir`, and `--out` / `--report` relative to it)
@@ -112,9 +113,7 @@ def main(study: Study, argv: list[str] | None = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / STUDY_FILE).write_text(json.dumps(description, indent=1) + "\n")
         run_study(study, args, settings, path)
-    records = load_runs(out, list(study.arms), study.name)
-    if not args.report_only:  # a training run reports its own seeds; --report-only every finished one
-        records = [record for record in records if record.seed in settings.seeds]
+    records = load_runs(out, list(study.arms), study.name)  # every finished run of these arms, this call's or not
     (out / STUDY_FILE).write_text(json.dumps(description, indent=1) + "\n")
     report = ReportInputs(records, settings, args.workdir / args.report, command, study_minutes(records), args.jobs,
                           description, study.base_config)  # fmt: skip

@@ -145,6 +145,11 @@ def query_weight_range(records: list[RunRecord]) -> tuple[float, float]:
     return (min(lows), max(highs)) if lows else (float("nan"), float("nan"))
 
 
+def seeds_line(records: list[RunRecord]) -> str:
+    """The seeds the runs cover, `0, 1, 2`."""
+    return ", ".join(map(str, sorted({record.seed for record in records})))
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     """A markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -95,6 +95,15 @@ def run_record(arm: str, seed: int, run_dir: Path) -> RunRecord:
     return RunRecord(arm, seed, latest_log_dir(run_dir), seconds)
 
 
+def run_identity(command: list[str], callbacks: dict) -> dict:
+    """What makes a finished run the run asked for (`run.json`): its command (but the `erpo` executable's path, which
+    may move between sessions) and its sweep settings (but whether it also swept the base model: the study's first
+    run does, and which run is first depends on the arms and seeds one invocation asks for)."""
+    sweep = {key: value for key, value in callbacks["trainer"]["callbacks"][0]["init_args"].items()
+             if key != "run_at_start"}  # fmt: skip
+    return {"command": command[1:], "sweep": sweep}
+
+
 def train_one(study: Study, arm: str, seed: int, workdir: Path, out: Path, settings: StudySettings, sweep: dict,
               model_path: str | None, extra: list[str], run_at_start: bool, threads: int) -> RunRecord:  # fmt: skip
     """Train and sweep one run from scratch (its directory cleared first), unless the same run finished there before;
@@ -102,7 +111,7 @@ def train_one(study: Study, arm: str, seed: int, workdir: Path, out: Path, setti
     run_dir = out / run_slug(arm) / f"seed{seed}"
     config = callback_config(sweep, settings, run_at_start)
     command = fit_command(study, arm, seed, run_dir, settings, model_path, extra)
-    identity = {"command": command[1:], "callbacks": config}  # the erpo executable's path may move between sessions
+    identity = run_identity(command, config)
     run_file = workdir / run_dir / RUN_FILE
     if is_finished(workdir / run_dir) and run_file.is_file() and json.loads(run_file.read_text()) == identity:
         print(f"{arm:>16} seed {seed}: finished before, skipped", flush=True)

@@ -25,6 +25,7 @@ from study_report import (
     median_range,
     per_seed_values,
     query_weight_range,
+    seeds_line,
     temperature_columns,
     write_claims,
 )
@@ -54,7 +55,7 @@ def toy_report(inputs: ReportInputs, claims: tuple[Claim, ...]) -> list[dict]:
     curves, evaluation = path.with_name(path.stem + "_curves.png"), path.with_name(path.stem + "_evaluation.png")
     curve_figure(records, curves, CURVES)
     evaluation_figure(table, base, settings.temperatures, benchmark, evaluation)
-    seeds = ", ".join(map(str, settings.seeds))
+    seeds = seeds_line(records)
     kl_rows = [[m, f"`{kinds[m]}`", median_range(v["Query-KL"]), median_range(v["Query-KL (common)"]),
                 median_range(v["Policy-KL"]), mean_std(v["entropy"])] for m, v in table.items()]  # fmt: skip
     columns = temperature_columns(settings.temperatures)

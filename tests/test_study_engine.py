@@ -140,13 +140,13 @@ def test_finished_runs_are_skipped_and_an_unfinished_or_changed_one_is_trained_a
     base = {"benchmarks": [{"source": {"path": "test.jsonl", "label": "held_out"}, "k": 4}]}
     out, run_dir = Path("runs/study"), tmp_path / "runs/study/grpo/seed0"
 
-    def train(settings: StudySettings = settings) -> None:
-        train_one(REAL_MODEL, "grpo", 0, tmp_path, out, settings, base, None, [], True, 1)
+    def train(settings: StudySettings = settings, first: bool = True) -> None:
+        train_one(REAL_MODEL, "grpo", 0, tmp_path, out, settings, base, None, [], first, 1)
 
     train()
     assert (run_dir / "erpo/version_0/sweep_summary.json").is_file() and "trained" in (run_dir / "fit.log").read_text()
     capsys.readouterr()
-    train()  # finished with the same command: skipped
+    train(first=False)  # finished with the same command (first of the study or not): skipped
     assert "finished before, skipped" in capsys.readouterr().out and not (run_dir / "erpo/version_1").exists()
     train(StudySettings(steps=3, seeds=(0,)))  # another command: cleared and trained again
     assert [p.name for p in (run_dir / "erpo").iterdir()] == ["version_0"]
