@@ -414,3 +414,33 @@ def test_docs_erpo_inside_trl_example_runs(tmp_path, monkeypatch):
     logged = [entry for entry in trainer.state.log_history if "query_kl/sequence_k3" in entry]
     assert logged and all(entry["query_kl/token_k3"] >= 0 for entry in logged)
     assert (tmp_path / "runs" / "erpo_trl" / "erpo_reference" / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+@requires_trl
+def test_conversational_prompts_are_scored_through_the_chat_template(tmp_path):
+    """Chat prompts: θ0 scores the tokens TRL generates from (its own chat templating), and a sampled step runs."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    from erpo_lightning.integrations.trl import ERPOTrainer
+    from erpo_lightning.toy import SHIPPED_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED_DIR)
+    chats = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+    config = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+        gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
+        max_completion_length=8, max_steps=1, logging_steps=1, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = ERPOTrainer(
+        model=str(SHIPPED_DIR), reward_funcs=length_reward, args=config, processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"prompt": chats}), algorithm="erpo",
+    )  # fmt: skip
+    chat_ids = tokenizer.apply_chat_template(chats[0], add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert trainer.reference_cache.row(0).numel() == len(chat_ids["input_ids"]) > len(tokenizer(PROMPTS[0]).input_ids)
+    manifest = json.loads((tmp_path / "erpo_reference" / "manifest.json").read_text())
+    assert manifest["template"]["chat_template"] == tokenizer.chat_template
+    trainer.train()
+    assert any("query_kl/sequence_k3" in entry for entry in trainer.state.log_history)
