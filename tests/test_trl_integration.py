@@ -444,3 +444,17 @@ def test_conversational_prompts_are_scored_through_the_chat_template(tmp_path):
     assert manifest["template"]["chat_template"] == tokenizer.chat_template
     trainer.train()
     assert any("query_kl/sequence_k3" in entry for entry in trainer.state.log_history)
+
+
+@pytest.mark.slow
+@requires_trl
+def test_resume_from_a_checkpoint_reads_the_theta0_scores_back(model_path, tmp_path):
+    first = make_trainer(model_path, tmp_path, max_steps=1, save_strategy="steps", save_steps=1, optim="sgd")
+    first.train()
+    scores = tmp_path / "erpo_reference" / "scores.safetensors"
+    written = scores.stat().st_mtime_ns
+    resumed = make_trainer(model_path, tmp_path, max_steps=2, save_strategy="steps", save_steps=1, optim="sgd")
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 2
+    assert scores.stat().st_mtime_ns == written
+    torch.testing.assert_close(resumed.reference_cache.logprobs, first.reference_cache.logprobs, rtol=0, atol=0)
