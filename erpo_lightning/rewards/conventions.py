@@ -42,12 +42,12 @@ CONVENTIONS: dict[str, str] = {
     "symbolic_extras": "rules beyond Math-Verify's sympy checks: written-out operations evaluated, a lone `i` as the "
     "imaginary unit, expressions equal at random real points",
     "numeric_tolerance": "numbers within relative tolerance `rel_tol` are equal (off when rel_tol is 0)",
-    "unevaluated_arithmetic": "a computation written out on numbers equals a numeric gold (`5 + 9 + 5` for 19, "
-    "`2^{10}` for 1024, `\\sqrt{16}` for 4): off by default, since it pays for restating the problem's numbers",
+    "unevaluated_arithmetic": "an operation written out between numbers equals a numeric gold (`5 + 9 + 5` for 19, "
+    "`2^{10}` for 1024): off by default, since it pays for restating the problem's numbers",
     "equation_right_side": "an equation whose left side is not a name is read as its right side (`5 = 7` for 7); "
     "off by default: `x = 7` needs only `assignment`",
     "invisible_characters": "zero-width characters, direction marks, byte-order marks and other invisible format "
-    "characters are ignored in golds and answers (`1\u200b2` for 12)",
+    "characters are ignored in golds and answers (`1\\u200b2` for 12)",
 }
 
 

@@ -90,7 +90,7 @@ def normalize_answer(text: str, thousands: bool = True) -> str:
 
 def shows_nothing(text: str) -> bool:
     """Whether ``text``, read as an answer, has no content: only invisible characters, whitespace, math delimiters,
-    braces, empty text wrappers and empty boxes (``\u200b``, ``$$``, ``\\text{}``, ``\\boxed{\\text{ }}``)."""
+    braces, empty text wrappers and empty boxes (``\\u200b``, ``$$``, ``\\text{}``, ``\\boxed{\\text{ }}``)."""
     return not _EMPTY_MARKUP.sub("", _unwrap_text(normalize_answer(strip_invisible(text))))
 
 
