@@ -216,3 +216,92 @@ def run_folders(trainer: pl.Trainer) -> list[str]:
     if trainer.loggers and getattr(trainer.loggers[0], "log_dir", None) is not None:
         folders.append(str(trainer.loggers[0].log_dir))
     return [folder for folder in folders if isinstance(get_filesystem(folder), LocalFileSystem)]
+
+
+CONFIG_KEY = "erpo_config"  # the checkpoint entry holding the run's full `erpo fit` config
+# What a resume may change: how long the run goes on, and where and what it records. Anything else would train on
+# with other settings than the checkpoint's optimizer state, data position and metrics were made with.
+RESUMABLE_FIELDS = (
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.max_time",
+    "trainer.callbacks",
+    "trainer.logger",
+    "trainer.enable_checkpointing",
+    "trainer.default_root_dir",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "data.num_workers",
+)
+_NOT_SETTINGS = ("config", "ckpt_path")  # the config files' names, and the checkpoint itself
+
+
+class RunConfigRecorder(pl.Callback):
+    """Writes the run's full config (plain YAML data) into every checkpoint, as `checkpoint["erpo_config"]`, for
+    `check_resume_config` to compare a resume with."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        checkpoint[CONFIG_KEY] = self.config
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint file's contents, memory-mapped on the CPU (tensors are not read until used)."""
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` → `{"a.b": 1}`; lists (tuples as lists) and values with a `class_path` stay whole."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, dict) and "class_path" not in value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix.removesuffix("."): value}
+
+
+def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt_path: str) -> None:
+    """SettingsError naming the first setting of `config` (this run's, as plain data) that differs from the run that
+    wrote `checkpoint`, other than RESUMABLE_FIELDS.
+
+    A checkpoint written without the CLI has no full config: its module hyperparameters are compared with `model:`.
+    """
+    saved = checkpoint.get(CONFIG_KEY)
+    if saved is None:
+        saved = {"model": checkpoint.get("hyper_parameters", {})}
+        config = {"model": {key: config.get("model", {}).get(key) for key in saved["model"]}}
+    before, now = _flatten(saved), _flatten(config)
+    for key in sorted(before.keys() | now.keys()):
+        if key.split(".")[0] in _NOT_SETTINGS or any(key == f or key.startswith(f"{f}.") for f in RESUMABLE_FIELDS):
+            continue
+        if before.get(key) != now.get(key):
+            raise SettingsError(
+                f"ckpt_path: {ckpt_path} was trained with {key}={before.get(key)!r}, this run sets {now.get(key)!r}; "
+                f"a resume continues the same run and may change only {', '.join(RESUMABLE_FIELDS)} (start a new "
+                "run, without --ckpt_path, to change anything else)"
+            )
+
+
+def check_checkpoint_model(checkpoint: dict[str, Any], model_path: str, ckpt_path: str) -> None:
+    """SettingsError when `checkpoint` was trained from another initial model than `model_path` (`erpo validate`
+    evaluates the checkpoint's weights in `model_path`'s architecture, with its tokenizer and template)."""
+    trained_from = checkpoint.get("hyper_parameters", {}).get("model_path")
+    if trained_from is None or _same_model_path(str(trained_from), model_path):
+        return
+    raise SettingsError(
+        f"ckpt_path: {ckpt_path} was trained from model_path {trained_from}, but model.model_path is {model_path}; "
+        f"set --model.model_path {trained_from} (the model the checkpoint's weights belong to)"
+    )
+
+
+def _same_model_path(a: str, b: str) -> bool:
+    """Whether two model paths name the same model: equal strings, or the same local directory."""
+    if a == b:
+        return True
+    first, second = Path(a).expanduser(), Path(b).expanduser()
+    return first.exists() and second.exists() and first.resolve() == second.resolve()

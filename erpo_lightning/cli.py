@@ -45,7 +45,11 @@ from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E4
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
 from erpo_lightning.checkpointing import (  # noqa: E402
     AtomicCheckpointIO,
+    RunConfigRecorder,
     RunDirectoryLock,
+    check_checkpoint_model,
+    check_resume_config,
+    read_checkpoint,
     resolve_resume_path,
     run_folders,
 )
@@ -181,11 +185,19 @@ class ERPOCLI(LightningCLI):
             check_moved_keys(args[args.index(subcommand) + 1 :])
         self.config = parser.parse_args(_replacing_lists(args))
 
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: LightningCLI would replace the whole `model:` group with a checkpoint's hyperparameters, silently
+        dropping the flags given with `--ckpt_path`. Here a resume must match its checkpoint's run instead
+        (`checkpointing.check_resume_config`, in `before_fit`), and `validate` the checkpoint's initial model
+        (`check_settings`)."""
+
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         if subcommand is not None:
             check_settings(self.config[subcommand], subcommand)
             use_converted_gguf(self.config[subcommand])
+            if subcommand == "validate":
+                check_validated_checkpoints(self.config[subcommand])
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run the subcommand; the run folders' lock (taken in `before_fit`) is released however it ends, and a
@@ -203,9 +215,16 @@ class ERPOCLI(LightningCLI):
                 self.run_lock.release()
 
     def before_fit(self) -> None:
-        """Resolve `--ckpt_path last / last_or_none`, then lock the run's folders (the first process only)."""
+        """Resolve `--ckpt_path last / last_or_none`, refuse a resume whose settings differ from its checkpoint's run
+        beyond `RESUMABLE_FIELDS`, then lock the run's folders (the first process only)."""
         fit = self.config_init["fit"]
-        fit["ckpt_path"] = resolve_resume_path(self.trainer, fit.get("ckpt_path"))
+        fit["ckpt_path"] = ckpt_path = resolve_resume_path(self.trainer, fit.get("ckpt_path"))
+        # The run's settings as plain data (what config.yaml holds): compared with a resumed checkpoint's run, and
+        # written into every checkpoint of this one.
+        config = yaml.safe_load(self._parser("fit").dump(self.config["fit"], skip_none=False))
+        if ckpt_path is not None and Path(ckpt_path).is_file():
+            check_resume_config(read_checkpoint(ckpt_path), config, ckpt_path)
+        self.trainer.callbacks.append(RunConfigRecorder(config))
         if first_process():
             self.run_lock = RunDirectoryLock(run_folders(self.trainer)).acquire()
             for stale in self.run_lock.taken_over:
@@ -313,6 +332,15 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         for value in [values] if isinstance(values, str) else values:
             if value not in keywords and "://" not in str(value) and not Path(value).exists():
                 raise SettingsError(f"{field}: no checkpoint at {value}")
+
+
+def check_validated_checkpoints(config: Namespace) -> None:
+    """A SettingsError when a checkpoint file `erpo validate` is given was trained from another model than
+    `model.model_path` (after a `.gguf` path is resolved; a sharded checkpoint folder is checked when loaded)."""
+    values = [config.get("ckpt_path"), *(config.get("compare_ckpt_paths") or [])]
+    for value in values:
+        if value and Path(value).is_file():
+            check_checkpoint_model(read_checkpoint(value), str(config.model.model_path), value)
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")

@@ -146,6 +146,21 @@ def test_a_parse_error_is_one_line_not_the_usage(config, capsys, flag, value, ex
     assert code == 2 and err.strip().splitlines() == [f"erpo: error: {expected}", DEBUG_HINT], err[-3000:]
 
 
+def test_callbacks_check_their_numeric_settings():
+    from erpo_lightning.callbacks import HFExportCallback, TemperatureSweepCallback
+    from erpo_lightning.evaluation import SweepConfig
+
+    reward = lambda responses, golds: [0.0] * len(responses)  # noqa: E731
+    with pytest.raises(ValueError, match=r"rollout.correct_threshold must be a finite number, got nan"):
+        RolloutCallback(HFEngine(), reward, correct_threshold=float("nan"))
+    with pytest.raises(ValueError, match="TemperatureSweepCallback train_k must be >= 1, got 0"):
+        TemperatureSweepCallback(SweepConfig(), train_k=0)
+    with pytest.raises(ValueError, match="TemperatureSweepCallback train_sample_size must be >= 0, got -1"):
+        TemperatureSweepCallback(SweepConfig(), train_sample_size=-1)
+    with pytest.raises(ValueError, match="HFExportCallback every_n_steps must be >= 0"):
+        HFExportCallback(every_n_steps=-1)
+
+
 def test_bad_model_paths_are_named(config, capsys, tmp_path, monkeypatch):
     empty = tmp_path / "empty_model"
     empty.mkdir()

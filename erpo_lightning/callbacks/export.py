@@ -33,6 +33,8 @@ class HFExportCallback(pl.Callback):
     """
 
     def __init__(self, output_dir: str | None = None, every_n_steps: int = 0) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"HFExportCallback every_n_steps must be >= 0 (0 = only at the end), got {every_n_steps}")
         self.output_dir = output_dir
         self.every_n_steps = every_n_steps
         self._last_exported_step = -1

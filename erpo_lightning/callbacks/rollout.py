@@ -45,6 +45,7 @@ _SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("overlong_penalty_factor", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
     ("logprob_check_every", lambda v: v >= 0, ">= 0 (0 = never)"),
     ("logprob_check_micro_batch_size", lambda v: v >= 1, ">= 1"),
+    ("correct_threshold", lambda v: math.isfinite(v), "a finite number"),
 )
 
 
@@ -131,6 +132,7 @@ class RolloutCallback(pl.Callback):
                 "overlong_penalty_factor": overlong_penalty_factor,
                 "logprob_check_every": logprob_check_every,
                 "logprob_check_micro_batch_size": logprob_check_micro_batch_size,
+                "correct_threshold": correct_threshold,
             }
         )
         self.settings = SamplingSettings(

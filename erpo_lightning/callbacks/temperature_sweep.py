@@ -63,8 +63,13 @@ class TemperatureSweepCallback(pl.Callback):
         run_at_start: bool = False,
         run_at_end: bool = False,
     ) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be at least 1, got {every_n_steps}")
+        for name, value, minimum in (
+            ("every_n_steps", every_n_steps, 1),
+            ("train_sample_size", train_sample_size, 0),
+            ("train_k", train_k, 1),
+        ):
+            if value < minimum:
+                raise ValueError(f"TemperatureSweepCallback {name} must be >= {minimum}, got {value}")
         self.sweep = sweep
         self.every_n_steps = every_n_steps
         self.train_sample_size = train_sample_size

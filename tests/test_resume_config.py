@@ -1,0 +1,70 @@
+"""A resume continues the same run (issue 30): a flag given with `--ckpt_path` either applies (RESUMABLE_FIELDS) or
+is refused before anything loads, naming the field; `erpo validate` refuses a checkpoint of another model."""
+
+import pytest
+import torch
+import yaml
+from test_hostile_cli import fails_in_one_line, tiny_config
+
+from erpo_lightning.checkpointing import check_resume_config
+from erpo_lightning.cli import main
+from erpo_lightning.errors import SettingsError
+from erpo_lightning.tiny_qwen2 import save_tiny_model
+
+
+def run_main(*args) -> int:
+    """`erpo ARGS` in this process; its exit status (0 when it returns)."""
+    try:
+        main(list(args))
+    except SystemExit as exited:
+        return exited.code
+    return 0
+
+
+@pytest.fixture()
+def one_step(tmp_path, tiny_model_path, benchmarks_dir):
+    """A 1-step `erpo fit` run (lr 1e-3) with `last.ckpt`; (its config file, the checkpoint)."""
+    folder = tmp_path / "ckpt"
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(folder), "save_last": True},
+    }
+    config = tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl", callbacks=[checkpoint], max_steps=1)
+    assert run_main("fit", "--config", str(config)) == 0
+    return config, folder / "last.ckpt"
+
+
+def test_a_resume_refuses_changed_settings_and_applies_the_allowed_ones(one_step, tmp_path, capsys):
+    config, last = one_step
+    resume = ("fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "2")
+    capsys.readouterr()
+    line = fails_in_one_line(capsys, *resume, "--model.learning_rate", "0.01")
+    assert f"ckpt_path: {last} was trained with model.learning_rate=0.001, this run sets 0.01;" in line, line
+    assert "may change only trainer.max_steps" in line
+    line = fails_in_one_line(capsys, *resume, "--model.algorithm", "grpo")
+    assert "was trained with model.algorithm='erpo', this run sets 'grpo'" in line, line
+    line = fails_in_one_line(capsys, *resume, "--model.learning_rate", "null", "--model.optimizer", "SGD")
+    assert "was trained with model.learning_rate=0.001, this run sets None" in line, line  # not KeyError 'momentum'
+    assert torch.load(last, weights_only=False)["global_step"] == 1  # nothing ran
+    assert run_main(*resume) == 0  # max_steps may change: applied ...
+    assert torch.load(last, weights_only=False)["global_step"] == 2
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert recorded["trainer"]["max_steps"] == 2 and recorded["ckpt_path"] == "last"  # ... and recorded
+
+
+def test_validate_refuses_a_checkpoint_of_another_model(one_step, tmp_path, tiny_model_path, capsys):
+    config, last = one_step
+    other = save_tiny_model(tmp_path / "other_model", seed=1)  # same architecture: the weights would load
+    capsys.readouterr()
+    line = fails_in_one_line(
+        capsys, "validate", "--config", str(config), "--model.model_path", str(other), "--ckpt_path", str(last)
+    )
+    assert f"was trained from model_path {tiny_model_path}, but model.model_path is {other}" in line, line
+
+
+def test_a_checkpoint_without_the_cli_config_is_compared_by_its_module_settings():
+    checkpoint = {"hyper_parameters": {"learning_rate": 1e-3, "algorithm": "erpo", "query_weight_clip": (0.5, 2.0)}}
+    same = {"model": {"learning_rate": 1e-3, "algorithm": "erpo", "query_weight_clip": [0.5, 2.0]}}
+    check_resume_config(checkpoint, {**same, "trainer": {"max_steps": 9}}, "old.ckpt")
+    with pytest.raises(SettingsError, match="old.ckpt was trained with model.learning_rate=0.001, this run sets 0.1"):
+        check_resume_config(checkpoint, {"model": {**same["model"], "learning_rate": 0.1}}, "old.ckpt")
