@@ -74,7 +74,7 @@ def fixed_reward(prompts, completions, **_):
     return list(REWARDS)
 
 
-def make_trainer(model_path, output_dir, erpo: bool = True, fixed: bool = True, **settings):
+def make_trainer(model_path, output_dir, erpo: bool = True, fixed: bool = True, eval_prompts=None, **settings):
     """An ERPOTrainer (or, erpo=False, TRL's GRPOTrainer) on PROMPTS; `settings` go to GRPOConfig, except Algorithm
     fields and `algorithm`, which go to ERPOTrainer."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # `rollout_func` is experimental in TRL
@@ -95,6 +95,7 @@ def make_trainer(model_path, output_dir, erpo: bool = True, fixed: bool = True, 
         model=model, reward_funcs=fixed_reward if fixed else length_reward, args=GRPOConfig(**config),
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_byte_tokenizer(),
         rollout_func=fixed_rollout if fixed else None,
+        eval_dataset=Dataset.from_dict({"prompt": eval_prompts}) if eval_prompts else None,
     )  # fmt: skip
     return ERPOTrainer(**kwargs, **erpo_settings) if erpo else GRPOTrainer(**kwargs)
 
@@ -458,3 +459,20 @@ def test_resume_from_a_checkpoint_reads_the_theta0_scores_back(model_path, tmp_p
     assert resumed.state.global_step == 2
     assert scores.stat().st_mtime_ns == written
     torch.testing.assert_close(resumed.reference_cache.logprobs, first.reference_cache.logprobs, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@requires_trl
+def test_evaluation_prompts_get_theta0_scores_and_log_query_kl(model_path, tmp_path):
+    """Evaluation prompts are scored at θ0 too (w(q)'s s̄ stays the training set's mean) and evaluation logs Query-KL."""
+    eval_prompts = ["Compute 1 + 1.", "Compute 2 + 5 - 3."]
+    trainer = make_trainer(
+        model_path, tmp_path, fixed=False, eval_prompts=eval_prompts, max_steps=1, eval_strategy="steps",
+        eval_steps=1, per_device_eval_batch_size=len(eval_prompts) * GROUP_SIZE,
+    )  # fmt: skip
+    assert len(trainer.reference_cache) == len(PROMPTS) + len(eval_prompts)
+    trainer.train()
+    evaluated = [entry for entry in trainer.state.log_history if "eval_query_kl/sequence_k3" in entry]
+    assert evaluated and evaluated[0]["eval_query_kl/sequence_k3"] >= 0
+    hand = obj.query_weights(trainer.reference_cache.nll, trainer.reference_cache.nll[: len(PROMPTS)].mean())
+    assert evaluated[0]["eval_query_kl/weight_max"] == pytest.approx(hand[len(PROMPTS) :].max().item(), rel=1e-5)

@@ -7,8 +7,9 @@ a Query-KL monitor for any `GRPOTrainer` run.
                                       query scores, w(q), group leader flag and the step's global counts
     `_compute_loss`                   one forward over [prompt; completion] through TRL's fused LM head with the
                                       prompt labels kept, then `objectives.rl_loss` with the resolved `Algorithm`
-The θ0 scores of every training prompt are computed in `__init__` (before any step) with the project's cache code,
-fingerprinted, written to `<output_dir>/erpo_reference` and read back on resume (`reference_scores.load_or_score`).
+The θ0 scores of every training (and evaluation) prompt are computed in `__init__` (before any step) with the
+project's cache code, fingerprinted, written to `<output_dir>/erpo_reference` and read back on resume
+(`reference_scores.load_or_score`).
 
 Importing this module imports TRL; `import erpo_lightning` does not.
 """
@@ -102,9 +103,19 @@ def _unsupported_inputs(trainer: GRPOTrainer) -> str | None:
     """The first trainer input ERPOTrainer cannot honour, as a one-line reason, or None."""
     if trainer.tools or trainer.environment_factories is not None:
         return "tools and environment_factory are not supported (their tokens are not the prompt's)"
-    if not isinstance(trainer.train_dataset, Dataset):
-        return "train_dataset must be a map-style datasets.Dataset (θ0 scores every prompt once, before training)"
+    evaluation = trainer.eval_dataset
+    datasets = [trainer.train_dataset, *(evaluation.values() if isinstance(evaluation, dict) else [evaluation])]
+    if not all(isinstance(dataset, Dataset) for dataset in datasets if dataset is not None):
+        return "train_dataset and eval_dataset must be map-style datasets.Dataset (θ0 scores every prompt once)"
     return None
+
+
+def _dataset_prompts(trainer: GRPOTrainer) -> tuple[list, int]:
+    """The training prompts then the evaluation prompts (θ0 scores both), and how many are training prompts."""
+    train = list(trainer.train_dataset["prompt"])
+    evaluation = trainer.eval_dataset
+    evaluation = list(evaluation.values()) if isinstance(evaluation, dict) else [evaluation] if evaluation else []
+    return train + [prompt for dataset in evaluation for prompt in dataset["prompt"]], len(train)
 
 
 class ERPOTrainer(GRPOTrainer):
@@ -135,7 +146,7 @@ class ERPOTrainer(GRPOTrainer):
         self.algorithm = algorithm
         if self.args.weight_decay == _default("weight_decay"):  # an optimizer default of the preset (erpo_released)
             self.args.weight_decay = algorithm.weight_decay
-        prompts = list(self.train_dataset["prompt"])
+        prompts, self._num_train = _dataset_prompts(self)
         prompt_ids = _prompt_ids(self, prompts)
         manifest = reference_manifest(self.model, self.processing_class, prompts, prompt_ids, _template(self, prompts))
         directory = Path(reference_dir or Path(self.args.output_dir) / "erpo_reference")
@@ -180,7 +191,7 @@ class ERPOTrainer(GRPOTrainer):
         else:
             nll = self.reference_cache.nll[rows].to(device)
         if algorithm.query_weight_norm == "dataset":
-            mean_nll = self.reference_cache.nll.mean()
+            mean_nll = self.reference_cache.nll[: self._num_train].mean()  # s̄ over the training set
         else:  # over the step's queries on all processes
             totals = self.accelerator.reduce(torch.stack([nll[is_leader].sum(), is_leader.sum().float()]), "sum")
             mean_nll = totals[0] / totals[1]
