@@ -75,6 +75,8 @@ class Algorithm(LossSettings):
             )
         if min(self.query_kl_coef, self.policy_kl_coef, self.weight_decay) < 0:
             raise ValueError("model.query_kl_coef, policy_kl_coef and weight_decay must be >= 0")
+        if self.query_kl_tolerance is not None and not self.query_kl_tolerance >= 0:
+            raise ValueError(f"model.query_kl_tolerance must be >= 0 nats (or null), got {self.query_kl_tolerance}")
         if not self.advantage_eps >= 0:
             raise ValueError(f"model.advantage_eps must be >= 0, got {self.advantage_eps}")
         if self.query_weight_source == "current" and self.query_weight_norm == "dataset":

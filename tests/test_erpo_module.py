@@ -47,8 +47,11 @@ def rollout_batch(model):
     return make_rollout(PROMPTS, RESPONSES, REWARDS, logprobs, pad_token_id=PAD)
 
 
-def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=(), estimator="token_k3"):
-    """The ERPO loss from per-row unpadded forwards and the paper's formula (token-mean PG, w(q), α·Query-KL)."""
+def hand_loss(
+    model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=(), estimator="token_k3", tolerance=0.0
+):
+    """The ERPO loss from per-row unpadded forwards and the paper's formula (token-mean PG, w(q), α·Query-KL), and
+    the Query-KL the run logs. In the loss each token's log-ratio is first shrunk by `tolerance` (nats)."""
     advantages = obj.group_advantages(torch.tensor(REWARDS), 2, "grpo")
     weights = obj.query_weights(reference.nll, reference.nll.mean()).repeat_interleave(2).tolist()
     pg_terms, tokens = 0.0, 0
@@ -59,15 +62,17 @@ def hand_loss(model, reference, algorithm_coef, query_kl_shift=0.0, masked_rows=
             # on-policy: ratio 1, the PG loss term per token is -A
             pg_terms += -advantages[i].item() * weights[i] * len(response)
             tokens += len(response)
-        kls = []
+        kls, penalised = [], []
         for q, prompt in enumerate(PROMPTS):
             current = gather_token_logprobs(model(torch.tensor([prompt])).logits, torch.tensor([prompt]))[0, 1:]
             ref = reference.rows[q][1:] + query_kl_shift
-            delta = ref - current
-            if estimator == "sequence_k3":  # k3 of the summed log-likelihoods (well inside the clamp here)
-                delta = delta.sum()
-            kls.append((torch.exp(delta) - delta - 1).mean().item())
-    return pg_terms / tokens + algorithm_coef * sum(kls) / len(kls), sum(kls) / len(kls)
+            for values, shrink in ((kls, 0.0), (penalised, tolerance)):
+                delta = ref - current
+                delta = torch.sign(delta) * (delta.abs() - shrink).clamp(min=0)
+                if estimator == "sequence_k3":  # k3 of the summed log-likelihoods (well inside the clamp here)
+                    delta = delta.sum()
+                values.append((torch.exp(delta) - delta - 1).mean().item())
+    return pg_terms / tokens + algorithm_coef * sum(penalised) / len(penalised), sum(kls) / len(kls)
 
 
 def fit_one_batch(module, batch, steps=1, **trainer_kwargs):
@@ -99,8 +104,11 @@ def test_loss_matches_formula_at_step_zero(setup, estimator):
     shifted.rows = [row + 0.05 for row in reference.rows]
     module = make_module(path, shifted, query_kl_coef=0.5, query_kl_estimator=estimator)
     assert module.algorithm.query_kl_estimator == estimator
+    assert module.algorithm.query_kl_tolerance == 1e-3  # the float32 default, resolved from model.dtype
     trainer = fit_one_batch(module, batch)
-    expected_loss, expected_kl = hand_loss(model, reference, 0.5, query_kl_shift=0.05, estimator=estimator)
+    expected_loss, expected_kl = hand_loss(
+        model, reference, 0.5, query_kl_shift=0.05, estimator=estimator, tolerance=1e-3
+    )
     metrics = trainer.callback_metrics
     assert metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
     assert metrics["train/query_kl"].item() == pytest.approx(expected_kl, abs=1e-6)

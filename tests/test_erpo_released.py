@@ -7,6 +7,7 @@ token), with its epsilons, and calls nothing of ours. docs/erpo.md cites the lin
 """
 
 import copy
+from dataclasses import replace
 
 import lightning as L
 import pytest
@@ -81,10 +82,12 @@ def our_loss(token_logprobs, attention, response_mask, reference, old, advantage
     nll = -(query_lp.detach() * query_mask)[leaders].sum(-1)  # the module's `_step_query_weights`
     weights = obj.query_weights(nll, nll.mean(), None).repeat_interleave(group_size)
     normalizers = obj.loss_normalizers(response_mask, query_mask, leaders)
+    # The released code has no Query-KL tolerance (its reference is rescored in the training batch's own shapes).
+    released = replace(ALGORITHMS["erpo_released"], query_kl_tolerance=0.0)
     total, dual = 0.0, 0.0
     for rows in torch.tensor_split(torch.arange(len(attention)), splits):
         loss, parts = obj.rl_loss(
-            ALGORITHMS["erpo_released"], response_lp[rows], old[rows], advantages[rows], response_mask[rows],
+            released, response_lp[rows], old[rows], advantages[rows], response_mask[rows],
             query_lp[rows], reference[rows], query_mask[rows], leaders[rows], seq_weights=weights[rows],
             normalizers=normalizers,
         )  # fmt: skip
@@ -152,7 +155,7 @@ def test_module_erpo_released_loss_and_gradients_equal_the_restatement(tiny_mode
     batch.response_mask[1] = 0
     module = ERPOModule(
         str(tiny_model_path), algorithm="erpo_released", temperature=TEMPERATURE, learning_rate=1e-3,
-        micro_batch_tokens=18, gradient_clip_norm=None,
+        micro_batch_tokens=18, gradient_clip_norm=None, query_kl_tolerance=0.0,
     )  # fmt: skip
     module.reference_cache = shifted
     grads = {}

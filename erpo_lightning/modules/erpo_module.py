@@ -119,6 +119,7 @@ class ERPOModule(L.LightningModule):
         query_kl_coef: float | None = None,
         query_kl_estimator: obj.QueryKLEstimator | None = None,
         query_kl_aggregation: obj.QueryKLAggregation | None = None,
+        query_kl_tolerance: float | None = None,
         kl_clamp_mode: obj.KLClampMode | None = None,
         kl_clamp: float | None = None,
         use_query_weights: bool | None = None,
@@ -154,6 +155,9 @@ class ERPOModule(L.LightningModule):
         # Every field of `Algorithm` is a parameter of this module of the same name: None keeps the preset's value.
         overrides = {field.name: self.hparams[field.name] for field in fields(Algorithm)}
         self.algorithm: Algorithm = resolve_algorithm(algorithm, **overrides)
+        if self.algorithm.query_kl_tolerance is None:  # the noise floor of the dtype the policy computes in
+            compute_dtype = getattr(torch, fsdp_mixed_precision or dtype)
+            self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(compute_dtype))
         self.guard = NonFiniteGuard(nan_policy, max_consecutive_skips)
         if self.algorithm.loss_aggregation == "seq_sum_constant" and not (loss_constant or 0) > 0:
             raise ValueError(
@@ -370,12 +374,15 @@ class ERPOModule(L.LightningModule):
         step_loss, step_pg_loss = self._global_sum(step_sums)  # the whole step's values, equal on every rank
         where = f"global step {self.global_step} (epoch {self.current_epoch})"
         finite = self.guard.finite("loss", step_loss, where)
-        if finite and self.hparams.gradient_clip_norm is not None:
+        if finite:
             grads = [p for p in self.policy.parameters() if p.grad is not None]  # the norm is over all ranks/shards
-            finite = self.guard.finite("gradient norm", clip_grad_norm(grads, self.hparams.gradient_clip_norm), where)
+            max_norm = self.hparams.gradient_clip_norm
+            grad_norm = clip_grad_norm(grads, math.inf if max_norm is None else max_norm)
+            finite = self.guard.finite("gradient norm", grad_norm, where)
         if finite:
             self.train_metrics["loss"].update(step_loss)
             self.train_metrics["pg_loss"].update(step_pg_loss)
+            self.train_metrics["grad_norm"].update(grad_norm)
             for micro, parts in recorded:
                 update_micro_metrics(self.train_metrics, micro, parts)
             optimizer.step()

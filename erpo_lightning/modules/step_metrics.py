@@ -11,7 +11,7 @@ from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "query_kl_token_k3", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high",
     "dual_clip_frac", "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min",
-    "query_weight_max", "logprob_abs_diff",
+    "query_weight_max", "logprob_abs_diff", "grad_norm", "query_loglik_change",
 )  # fmt: skip
 
 
@@ -30,6 +30,7 @@ def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, part
     response_mask = micro.response_mask
     metrics["query_kl"].update(parts["query_kl"])
     metrics["query_kl_token_k3"].update(parts["query_kl_token_k3"])
+    metrics["query_loglik_change"].update(parts["query_loglik_change"])
     metrics["entropy"].update(parts["entropy"], response_mask)
     for name in ("policy_kl", "logprob_abs_diff"):
         if name in parts:

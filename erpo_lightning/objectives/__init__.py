@@ -18,6 +18,7 @@ the *global* batch: then summing the per-micro-batch losses gives exactly the fu
 from erpo_lightning.objectives.advantages import DEFAULT_ADVANTAGE_EPS, GROUP_ESTIMATORS, Estimator, group_advantages
 from erpo_lightning.objectives.kl import (
     DEFAULT_KL_CLAMP,
+    QUERY_KL_TOLERANCE,
     KLClampMode,
     KLKind,
     QueryKLAggregation,
@@ -27,7 +28,9 @@ from erpo_lightning.objectives.kl import (
     per_query_kl,
     query_kl,
     query_kl_tokens,
+    query_kl_tolerance_for,
     sequence_k3,
+    within_tolerance_as_zero,
 )
 from erpo_lightning.objectives.loss import (
     LossSettings,
@@ -49,6 +52,7 @@ __all__ = [
     "DEFAULT_KL_CLAMP",
     "DEFAULT_QUERY_WEIGHT_CLIP",
     "GROUP_ESTIMATORS",
+    "QUERY_KL_TOLERANCE",
     "RATIO_LOG_CLAMP",
     "AggregationMode",
     "Estimator",
@@ -68,6 +72,8 @@ __all__ = [
     "policy_gradient_loss",
     "query_kl",
     "query_kl_tokens",
+    "query_kl_tolerance_for",
+    "within_tolerance_as_zero",
     "query_token_mask",
     "query_weights",
     "rl_loss",

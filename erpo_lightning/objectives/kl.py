@@ -17,6 +17,29 @@ QueryKLAggregation = Literal["per_query", "like_pg"]
 DEFAULT_KL_CLAMP = 10.0
 
 
+# The per-token log-ratio (nats) that Query-KL takes as numerical noise by default, per compute dtype of the policy:
+# the cached reference and the training forward score the same tokens in batches of different shapes, which round
+# differently. Largest |δ_t| measured at θ0 by bench/bench_query_kl_noise.py (docs/erpo.md): float32 4.8e-6 (toy),
+# 5.7e-5 (SmolLM2-135M); bfloat16 p99 0.016 / 0.10, max 0.07 / 0.62. Other dtypes take the bfloat16 value.
+QUERY_KL_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3, torch.bfloat16: 0.1}
+
+
+def query_kl_tolerance_for(compute_dtype: torch.dtype) -> float:
+    """The default `query_kl_tolerance` (nats per query token) of a policy that computes in `compute_dtype`."""
+    return QUERY_KL_TOLERANCE.get(compute_dtype, QUERY_KL_TOLERANCE[torch.bfloat16])
+
+
+def within_tolerance_as_zero(delta: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """δ moved towards 0 by `tolerance` (a soft threshold, any shape): sign(δ) · max(|δ| - tolerance, 0).
+
+    Log-ratios within the tolerance are taken as numerical noise: value and gradient 0. Beyond it the gradient is δ's
+    own, so real drift is still pulled back, to the edge of the band. `tolerance` 0 returns δ unchanged.
+    """
+    if not tolerance > 0:
+        return delta
+    return torch.sign(delta) * (delta.abs() - tolerance).clamp(min=0.0)
+
+
 def _check_clamp(clamp_mode: KLClampMode, clamp: float) -> None:
     if clamp_mode not in ("value", "log_ratio", "none"):
         raise ValueError(f"unknown KL clamp mode {clamp_mode!r}; expected value, log_ratio or none")
@@ -103,11 +126,17 @@ def query_kl_tokens(
     query_mask: torch.Tensor,
     clamp_mode: KLClampMode = "value",
     clamp: float = DEFAULT_KL_CLAMP,
+    tolerance: float = 0.0,
 ) -> torch.Tensor:
-    """Per-token k3 of the query tokens, [Q, L], exactly 0 (value and gradient) where `query_mask` is 0."""
+    """Per-token k3 of the query tokens, [Q, L], exactly 0 (value and gradient) where `query_mask` is 0.
+
+    `tolerance` (nats): each token's log-ratio is first shrunk by it (`within_tolerance_as_zero`).
+    """
     real = query_mask.bool()
     ref = ref_query_logprobs.detach().to(query_logprobs.dtype)
     current = torch.where(real, query_logprobs, ref)  # δ = 0 on padding, whatever junk it holds
+    if tolerance > 0:
+        current = ref - within_tolerance_as_zero(ref - current, tolerance)
     return torch.where(real, kl_penalty(current, ref, "k3", clamp_mode, clamp), 0.0)
 
 
@@ -118,6 +147,7 @@ def per_query_kl(
     estimator: QueryKLEstimator = "token_k3",
     clamp_mode: KLClampMode = "value",
     clamp: float = DEFAULT_KL_CLAMP,
+    tolerance: float = 0.0,
 ) -> torch.Tensor:
     """Query-KL contribution of each query, [Q].
 
@@ -130,14 +160,16 @@ def per_query_kl(
               `kl_penalty` says.
             - `sequence_k3` (paper): `sequence_k3` of δ = ℓθ0(q) - ℓθ(q) on summed log-likelihoods.
         clamp_mode, clamp: see `kl_penalty` (token_k3) and `sequence_k3`.
+        tolerance: per-token log-ratio (nats) taken as numerical noise (`within_tolerance_as_zero`), applied to
+            each token before the mean (token_k3) or the sum (sequence_k3); 0 = none.
     """
     if estimator == "token_k3":
-        per_token = query_kl_tokens(query_logprobs, ref_query_logprobs, query_mask, clamp_mode, clamp)
+        per_token = query_kl_tokens(query_logprobs, ref_query_logprobs, query_mask, clamp_mode, clamp, tolerance)
         return per_token.sum(-1) / query_mask.sum(-1).clamp(min=1).to(per_token.dtype)
     if estimator == "sequence_k3":
         real = query_mask.bool()
         delta = torch.where(real, ref_query_logprobs.detach().to(query_logprobs.dtype) - query_logprobs, 0.0)
-        return sequence_k3(delta.sum(-1), clamp_mode, clamp)
+        return sequence_k3(within_tolerance_as_zero(delta, tolerance).sum(-1), clamp_mode, clamp)
     raise ValueError(f"unknown Query-KL estimator {estimator!r}; expected token_k3 or sequence_k3")
 
 
@@ -149,11 +181,12 @@ def query_kl(
     normalizer: float | torch.Tensor | None = None,
     clamp_mode: KLClampMode = "value",
     clamp: float = DEFAULT_KL_CLAMP,
+    tolerance: float = 0.0,
 ) -> torch.Tensor:
     """Query-KL(ρθ ‖ ρθ0) estimated on a batch of unique queries: the mean of `per_query_kl` (scalar).
 
     Its gradient flows only through `query_logprobs`, never through response log-probs. Pass each query once
     (not once per response: the G responses of a group share one prompt). `normalizer` replaces Q by a global count.
     """
-    per_query = per_query_kl(query_logprobs, ref_query_logprobs, query_mask, estimator, clamp_mode, clamp)
+    per_query = per_query_kl(query_logprobs, ref_query_logprobs, query_mask, estimator, clamp_mode, clamp, tolerance)
     return per_query.sum() / (per_query.numel() if normalizer is None else normalizer)

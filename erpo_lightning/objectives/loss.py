@@ -15,6 +15,7 @@ from erpo_lightning.objectives.kl import (
     kl_penalty,
     per_query_kl,
     query_kl_tokens,
+    query_kl_tolerance_for,
 )
 from erpo_lightning.objectives.policy import AggregationMode, aggregate, policy_gradient_loss
 
@@ -60,6 +61,13 @@ class LossSettings:
         query_kl_aggregation: `per_query`: mean of `per_query_kl` over unique queries (the paper: each query once);
             `like_pg`: per-token k3 on every row's prompt tokens aggregated like the PG loss, with its normaliser
             (the released code; needs `token_k3`).
+        query_kl_tolerance: per-token log-ratio (nats) that the Query-KL *loss* takes as numerical noise: within it
+            a query token counts as unmoved, value and gradient 0 (`within_tolerance_as_zero`). Without it, the
+            rounding gap between the cached reference and the training forward gives Adam a gradient to normalise
+            into full learning-rate steps in a noise direction, and the regulariser makes the drift it should bound
+            (docs/erpo.md, "Query-KL at θ0"). None = `query_kl_tolerance_for(policy compute dtype)`, resolved by
+            whoever runs the model (`ERPOModule`; `rl_loss` alone reads None as the float32 value); 0 = none. The
+            logged Query-KL values are the raw ones.
         kl_clamp_mode, kl_clamp: clamp of Query-KL and Policy-KL (`kl_penalty`, `sequence_k3`).
         policy_kl_coef, policy_kl_kind: β and estimator of Policy-KL, aggregated like the PG loss.
     """
@@ -71,6 +79,7 @@ class LossSettings:
     query_kl_coef: float = 0.01
     query_kl_estimator: QueryKLEstimator = "sequence_k3"
     query_kl_aggregation: QueryKLAggregation = "per_query"
+    query_kl_tolerance: float | None = None
     kl_clamp_mode: KLClampMode = "value"
     kl_clamp: float = DEFAULT_KL_CLAMP
     policy_kl_coef: float = 0.0
@@ -120,7 +129,9 @@ def rl_loss(
         ref_response_logprobs: [N, R] reference-model log-probs of the responses for Policy-KL, or None.
     Returns:
         loss (scalar) and parts (no gradient): `pg_loss` (scalar), `query_kl` ([Q] per-query values of the run's
-        estimator), `query_kl_token_k3` ([Q], token_k3 with the released ±10 value clamp: a common yardstick),
+        estimator, without the tolerance), `query_kl_token_k3` ([Q], token_k3 with the released ±10 value clamp: a
+        common yardstick), `query_loglik_change` ([Q] ℓθ(q) − ℓθ0(q), the summed log-likelihood change of each
+        query: positive when the query became more likely),
         `policy_kl` ([N, R] per-token values, when a reference is given), `stats` (`policy_gradient_loss`'s).
     """
     s = settings
@@ -139,22 +150,25 @@ def rl_loss(
         constant,
         normalizers["tokens"] if token_mode else sequences,
     )
+    tolerance = query_kl_tolerance_for(torch.float32) if s.query_kl_tolerance is None else s.query_kl_tolerance
     leaders = (query_logprobs[is_leader], ref_query_logprobs[is_leader], query_mask[is_leader])
-    per_query = per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp)
     if s.query_kl_aggregation == "per_query":
+        per_query = per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp, tolerance)
         query_kl_loss = per_query.sum() / normalizers["queries"]
     elif s.query_kl_estimator != "token_k3":
         raise ValueError("query_kl_aggregation 'like_pg' aggregates per-token values: it needs estimator token_k3")
     else:
-        tokens = query_kl_tokens(query_logprobs, ref_query_logprobs, query_mask, s.kl_clamp_mode, s.kl_clamp)
+        tokens = query_kl_tokens(query_logprobs, ref_query_logprobs, query_mask, s.kl_clamp_mode, s.kl_clamp, tolerance)
         query_normalizer = normalizers["query_tokens"] if token_mode else sequences
         query_kl_loss = aggregate(tokens, query_mask, s.loss_aggregation, None, constant, query_normalizer)
     loss = pg_loss + s.query_kl_coef * query_kl_loss
     with torch.no_grad():
+        now, then, scored = leaders
         parts = {
             "pg_loss": pg_loss.detach(),
-            "query_kl": per_query.detach(),
+            "query_kl": per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp),
             "query_kl_token_k3": per_query_kl(*leaders, "token_k3", "value", DEFAULT_KL_CLAMP),
+            "query_loglik_change": torch.where(scored.bool(), now - then.to(now), 0.0).sum(-1),
             "stats": stats,
         }
     if ref_response_logprobs is not None:
