@@ -277,8 +277,8 @@ class ERPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _log_loss_metrics(self, parts: dict, entropy, completion_mask, width: int) -> None:
-        """Query-KL (the run's estimator and the token_k3 yardstick), mean over the queries of all processes, and
-        TRL's entropy and clip-ratio metrics."""
+        """Query-KL (the run's estimator and the token_k3 yardstick: mean over the micro-batch's group leaders on all
+        processes; TRL averages the micro-batches between two logs) and TRL's entropy and clip-ratio metrics."""
         mode = "train" if self.model.training else "eval"
         estimator = self.algorithm.query_kl_estimator
         values = {f"query_kl/{estimator}": parts["query_kl"], "query_kl/token_k3": parts["query_kl_token_k3"]}
