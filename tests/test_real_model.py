@@ -38,6 +38,13 @@ def test_vllm_max_model_len_is_the_longest_declared_sequence(tiny_model, tiny_mo
         VLLMEngine(model=str(tiny_model_path / "absent.gguf")).llm_kwargs(tiny_model)
 
 
+def test_vllm_builds_eager_on_cpu_unless_compile_is_asked_for(tiny_model):
+    """On CPU, compilation costs minutes at every start and pays back only after ~200k generated tokens."""
+    assert VLLMEngine().llm_kwargs(tiny_model)["enforce_eager"] is (not torch.cuda.is_available())
+    assert VLLMEngine(enforce_eager=False).llm_kwargs(tiny_model)["enforce_eager"] is False
+    assert VLLMEngine(enforce_eager=True).llm_kwargs(tiny_model)["enforce_eager"] is True
+
+
 @pytest.mark.vllm
 def test_vllm_engine_is_built_with_the_declared_context(tiny_model):
     pytest.importorskip("vllm")

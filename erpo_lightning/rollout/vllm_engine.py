@@ -89,7 +89,9 @@ class VLLMEngine:
         kv_cache_memory_bytes: KV-cache size in bytes; None = 256 MiB on CPU, derived from the share on GPU. A token
             takes 2 × layers × KV heads × head size × dtype bytes (46,080 for SmolLM2-135M in float32: 5,825 tokens
             in 256 MiB); a call with more rows × (prompt + response) tokens than that runs its rows a few at a time.
-        enforce_eager: skip CUDA-graph capture (faster start, slower decode).
+        enforce_eager: build without `torch.compile` and CUDA graphs (faster start, slower decode); None = eager on
+            CPU, compiled on GPU. On CPU vLLM 0.32 recompiles at every start (3-4 minutes for SmolLM2-135M) for a
+            decode 17% faster, which pays back only after about 200,000 generated tokens (docs/real_model.md).
         tensor_parallel_size: GPUs per engine.
         seed: engine seed (per-request seeds come from SamplingSettings.seed).
         enable_sleep_mode: free weights and KV cache between rollouts (GPU only).
@@ -103,7 +105,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.3,
         kv_cache_memory_bytes: int | None = None,
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         tensor_parallel_size: int = 1,
         seed: int = 0,
         enable_sleep_mode: bool = False,
@@ -166,7 +168,7 @@ class VLLMEngine:
             dtype=self.dtype,
             max_model_len=self.max_model_len or self.required_context or None,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=not torch.cuda.is_available() if self.enforce_eager is None else self.enforce_eager,
             tensor_parallel_size=self.tensor_parallel_size,
             seed=self.seed,
             enable_sleep_mode=self.enable_sleep_mode,
