@@ -266,8 +266,8 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt_path: str) -> None:
-    """SettingsError naming the first setting of `config` (this run's, as plain data) that differs from the run that
-    wrote `checkpoint`, other than RESUMABLE_FIELDS.
+    """SettingsError naming every setting of `config` (this run's, as plain data) that differs from the run that
+    wrote `checkpoint`, other than RESUMABLE_FIELDS, with both values.
 
     A checkpoint written without the CLI has no full config: its module hyperparameters are compared with `model:`.
     """
@@ -276,15 +276,19 @@ def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt
         saved = {"model": checkpoint.get("hyper_parameters", {})}
         config = {"model": {key: config.get("model", {}).get(key) for key in saved["model"]}}
     before, now = _flatten(saved), _flatten(config)
-    for key in sorted(before.keys() | now.keys()):
-        if key.split(".")[0] in _NOT_SETTINGS or any(key == f or key.startswith(f"{f}.") for f in RESUMABLE_FIELDS):
-            continue
-        if before.get(key) != now.get(key):
-            raise SettingsError(
-                f"ckpt_path: {ckpt_path} was trained with {key}={before.get(key)!r}, this run sets {now.get(key)!r}; "
-                f"a resume continues the same run and may change only {', '.join(RESUMABLE_FIELDS)} (start a new "
-                "run, without --ckpt_path, to change anything else)"
-            )
+    changed = [
+        f"{key}: {before.get(key)!r} -> {now.get(key)!r}"
+        for key in sorted(before.keys() | now.keys())
+        if key.split(".")[0] not in _NOT_SETTINGS
+        and not any(key == field or key.startswith(f"{field}.") for field in RESUMABLE_FIELDS)
+        and before.get(key) != now.get(key)
+    ]
+    if changed:
+        raise SettingsError(
+            f"ckpt_path: this run differs from the run that wrote {ckpt_path} in {'; '.join(changed)}. A resume "
+            f"continues the same run and may change only {', '.join(RESUMABLE_FIELDS)}; start a new run (without "
+            "--ckpt_path) to change anything else"
+        )
 
 
 def check_checkpoint_model(checkpoint: dict[str, Any], model_path: str, ckpt_path: str) -> None:

@@ -13,7 +13,14 @@ sets `model.temperature`, so the three always agree. The optimizer and its sched
 Settings are checked before anything is loaded (`check_settings`): a value outside its range, a misspelt top-level
 key, a model path without a model or a checkpoint that is not there is a one-line error naming the field.
 A list given on the command line (`--data.train "[{path: x.jsonl}]"`) replaces the config file's list.
-Errors print as one line plus a hint; `ERPO_DEBUG=1` or `--debug` shows the traceback (`erpo_lightning.errors`).
+Errors print as one line plus a hint, parse errors (a choice typo) included; `ERPO_DEBUG=1` or `--debug` shows the
+traceback (`erpo_lightning.errors`).
+
+`fit` also: resolves `--ckpt_path last / last_or_none` (`checkpointing.resolve_resume_path`); refuses a resume whose
+settings differ from the checkpoint's run except `checkpointing.RESUMABLE_FIELDS` (each checkpoint holds its run's
+config); locks the run's folders against a second run (`checkpointing.RunDirectoryLock`); and, through the trainer's
+`PreemptionCheckpoint`, saves the last finished step on SIGTERM / SIGUSR1 and exits 128 + the signal (Ctrl-C: 130).
+`validate` refuses a checkpoint trained from another `model.model_path`.
 """
 
 from __future__ import annotations

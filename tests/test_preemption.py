@@ -46,6 +46,7 @@ def test_sigterm_saves_the_step_in_progress_and_resuming_from_it_is_exact(tiny_m
         torch.testing.assert_close(resumed_weights[key], full_weights[key], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow  # three `erpo fit` runs
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1", "SIGINT"])
 def test_erpo_fit_exits_non_zero_on_a_signal(tiny_model_path, benchmarks_dir, tmp_path, capsys, signal_name):
     folder = tmp_path / "ckpt"
