@@ -34,7 +34,7 @@ STUDY_FILE = "study.json"
 
 def parse_args(study: Study, argv: list[str] | None) -> argparse.Namespace:
     """The study script's command line; `--out` and `--report` default to the study's (quick or full) paths."""
-    parser = argparse.ArgumentParser(description=f"Runs the {study.name} study (experiments/study_engine.py).")
+    parser = argparse.ArgumentParser(description=f"{study.script}: a study run by experiments/study_engine.py")
     parser.add_argument("--quick", action="store_true", help="smoke-test settings (the study's quick settings)")
     parser.add_argument("--steps", type=int, help="RL steps per run (overrides the preset)")
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (overrides the preset)")

@@ -33,6 +33,8 @@ def run_slug(arm: str) -> str:
 
 def base_sweep(workdir: Path, base_config: str) -> dict:
     """The `sweep` of the base config's TemperatureSweepCallback (its first benchmark is the study's held-out one)."""
+    if not (workdir / base_config).is_file():
+        raise SystemExit(f"the study's base config {base_config} is not in {workdir}")
     config = yaml.safe_load((workdir / base_config).read_text())
     for callback in config.get("trainer", {}).get("callbacks", []):
         if callback.get("class_path") == SWEEP_CALLBACK:
