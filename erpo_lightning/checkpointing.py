@@ -219,9 +219,11 @@ def run_folders(trainer: pl.Trainer) -> list[str]:
 
 
 CONFIG_KEY = "erpo_config"  # the checkpoint entry holding the run's full `erpo fit` config
-# What a resume may change: how long the run goes on, and where and what it records. Anything else would train on
-# with other settings than the checkpoint's optimizer state, data position and metrics were made with.
+# What a resume may change: how long the run goes on, and where and what it records; and the start-up seed, which
+# the checkpoint's RNG states replace (`seed_everything: true` draws a new one at every start). Anything else would
+# train on with other settings than the checkpoint's optimizer state, data position and metrics were made with.
 RESUMABLE_FIELDS = (
+    "seed_everything",
     "trainer.max_steps",
     "trainer.max_epochs",
     "trainer.max_time",
