@@ -175,7 +175,8 @@ def test_loss_and_gradients_equal_rl_loss(preset, model_path, tmp_path):
     inputs = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
     assert (inputs["prompt_mask"] == 0).any(), "some prompts must be left-padded"
     inputs["old_per_token_logps"] = off_policy(trainer.model, inputs)
-    algorithm = resolve_algorithm(preset)
+    # The Query-KL tolerance left unset follows the compute dtype, as in `erpo fit` (float32 here).
+    algorithm = resolve_algorithm(preset, query_kl_tolerance=obj.query_kl_tolerance_for(torch.float32))
     assert trainer.algorithm == algorithm
     assert trainer.args.weight_decay == algorithm.weight_decay  # the preset's optimizer default (0.01 for released)
 
@@ -476,3 +477,17 @@ def test_evaluation_prompts_get_theta0_scores_and_log_query_kl(model_path, tmp_p
     assert evaluated and evaluated[0]["eval_query_kl/sequence_k3"] >= 0
     hand = obj.query_weights(trainer.reference_cache.nll, trainer.reference_cache.nll[: len(PROMPTS)].mean())
     assert evaluated[0]["eval_query_kl/weight_max"] == pytest.approx(hand[len(PROMPTS) :].max().item(), rel=1e-5)
+
+
+@pytest.mark.slow
+@requires_trl
+def test_query_kl_tolerance_follows_the_compute_dtype_unless_set(model_path, tmp_path):
+    assert make_trainer(model_path, tmp_path / "bf16", bf16=True).algorithm.query_kl_tolerance == (
+        obj.query_kl_tolerance_for(torch.bfloat16)
+    )
+    assert make_trainer(model_path, tmp_path / "fp32").algorithm.query_kl_tolerance == (
+        obj.query_kl_tolerance_for(torch.float32)
+    )
+    assert (
+        make_trainer(model_path, tmp_path / "set", bf16=True, query_kl_tolerance=0.0).algorithm.query_kl_tolerance == 0
+    )

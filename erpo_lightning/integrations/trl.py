@@ -143,6 +143,8 @@ class ERPOTrainer(GRPOTrainer):
             problem = _unsupported(self.args, algorithm) or _unsupported_inputs(self)
         if problem is not None:
             raise ValueError(f"ERPOTrainer: {problem}")
+        if algorithm.query_kl_tolerance is None:  # the noise floor of the dtype the policy computes in, as erpo fit
+            algorithm = replace(algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(self._compute_dtype()))
         self.algorithm = algorithm
         if self.args.weight_decay == _default("weight_decay"):  # an optimizer default of the preset (erpo_released)
             self.args.weight_decay = algorithm.weight_decay
@@ -156,6 +158,12 @@ class ERPOTrainer(GRPOTrainer):
         for row, ids in enumerate(prompt_ids):
             self._cache_row.setdefault(tuple(ids), row)
         self._rewards_per_func: torch.Tensor | None = None
+
+    def _compute_dtype(self) -> torch.dtype:
+        """What the training forward computes in: bf16 / fp16 autocast when GRPOConfig asks, else the weights' dtype."""
+        if self.args.bf16:
+            return torch.bfloat16
+        return torch.float16 if self.args.fp16 else next(self.model.parameters()).dtype
 
     # ------------------------------------------------------------------------------------------ generation side
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
