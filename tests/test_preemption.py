@@ -67,3 +67,16 @@ def test_erpo_fit_exits_non_zero_on_a_signal(tiny_model_path, benchmarks_dir, tm
     last = folder / "last.ckpt"
     assert f"erpo: preempted by {signal_name}: saved global step 1 to {last}; resume with --ckpt_path last" in err
     assert torch.load(last, weights_only=False)["global_step"] == 1
+
+
+class SignalAtTrainStart(pl.Callback):
+    """Sends SIGTERM in `on_train_start`, before the PreemptionCheckpoint's handlers are installed (Lightning's are)."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigterm_before_the_first_step_stops_after_it(tiny_model_path, benchmarks_dir, tmp_path):
+    with pytest.raises(Preempted, match="preempted by SIGTERM: saved global step 1 to"):
+        run(tiny_model_path, benchmarks_dir / "gsm8k.jsonl", tmp_path, 3, extra_callbacks=[SignalAtTrainStart()])
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 1

@@ -42,8 +42,10 @@ class PreemptionCheckpoint(pl.Callback):
         self._previous: dict[int, Any] = {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Install the handlers (after Lightning's own, which they replace for the time of training)."""
-        self.received, self.interrupted = None, False
+        """Install the handlers (after Lightning's own, which they replace for the time of training). A SIGTERM that
+        Lightning's handler noted since it was installed (checkpoint restore, sweeps at start) counts too."""
+        self.received = signal.SIGTERM if trainer.received_sigterm else None
+        self.interrupted = False
         for number in SIGNALS:
             self._previous[number] = signal.signal(number, self._note)
 
