@@ -250,8 +250,17 @@ class RunConfigRecorder(pl.Callback):
         checkpoint[CONFIG_KEY] = self.config
 
 
+SHARDED_METADATA = "meta.pt"  # what Lightning's ModelParallelStrategy writes beside a sharded checkpoint's tensors
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint file's contents, memory-mapped on the CPU (tensors are not read until used)."""
+    """A checkpoint file's contents, memory-mapped on the CPU (tensors are not read until used); for a sharded
+    (FSDP2) checkpoint folder, everything but its tensors (its `meta.pt`; {} without one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SHARDED_METADATA
+        if not path.is_file():
+            return {}
     return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
 
 

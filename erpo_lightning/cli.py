@@ -229,7 +229,7 @@ class ERPOCLI(LightningCLI):
         # The run's settings as plain data (what config.yaml holds): compared with a resumed checkpoint's run, and
         # written into every checkpoint of this one.
         config = yaml.safe_load(self._parser("fit").dump(self.config["fit"], skip_none=False))
-        if ckpt_path is not None and Path(ckpt_path).is_file():
+        if ckpt_path is not None and Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
             check_resume_config(read_checkpoint(ckpt_path), config, ckpt_path)
         self.trainer.callbacks.append(RunConfigRecorder(config))
         if first_process():
@@ -342,11 +342,11 @@ def check_settings(config: Namespace, subcommand: str) -> None:
 
 
 def check_validated_checkpoints(config: Namespace) -> None:
-    """A SettingsError when a checkpoint file `erpo validate` is given was trained from another model than
-    `model.model_path` (after a `.gguf` path is resolved; a sharded checkpoint folder is checked when loaded)."""
+    """A SettingsError when a checkpoint `erpo validate` is given (a file or a sharded folder) was trained from another
+    model than `model.model_path` (after a `.gguf` path is resolved)."""
     values = [config.get("ckpt_path"), *(config.get("compare_ckpt_paths") or [])]
     for value in values:
-        if value and Path(value).is_file():
+        if value and Path(value).exists():
             check_checkpoint_model(read_checkpoint(value), str(config.model.model_path), value)
 
 

@@ -41,7 +41,7 @@ def test_a_resume_refuses_changed_settings_and_applies_the_allowed_ones(one_step
     capsys.readouterr()
     line = fails_in_one_line(capsys, *resume, "--model.learning_rate", "0.01")
     assert f"ckpt_path: this run differs from the run that wrote {last} in model.learning_rate: 0.001 -> 0.01." in line
-    assert "may change only trainer.max_steps" in line
+    assert "may change only seed_everything, trainer.max_steps, " in line
     line = fails_in_one_line(capsys, *resume, "--model.algorithm", "grpo")
     assert "in model.algorithm: 'erpo' -> 'grpo'." in line, line
     line = fails_in_one_line(capsys, *resume, "--model.learning_rate", "null", "--model.optimizer", "SGD")
@@ -71,3 +71,19 @@ def test_a_checkpoint_without_the_cli_config_is_compared_by_its_module_settings(
     check_resume_config(checkpoint, {**same, "trainer": {"max_steps": 9}}, "old.ckpt")
     with pytest.raises(SettingsError, match="wrote old.ckpt in model.learning_rate: 0.001 -> 0.1. A resume"):
         check_resume_config(checkpoint, {"model": {**same["model"], "learning_rate": 0.1}}, "old.ckpt")
+
+
+def test_a_sharded_checkpoint_folder_is_checked_through_its_metadata(tmp_path):
+    from erpo_lightning.checkpointing import check_checkpoint_model, read_checkpoint
+
+    folder = tmp_path / "last.ckpt"  # what ModelParallelStrategy writes: tensor shards plus meta.pt
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"")
+    torch.save(
+        {"erpo_config": {"model": {"algorithm": "erpo"}}, "hyper_parameters": {"model_path": "a"}}, folder / "meta.pt"
+    )
+    with pytest.raises(SettingsError, match="model.algorithm: 'erpo' -> 'grpo'"):
+        check_resume_config(read_checkpoint(folder), {"model": {"algorithm": "grpo"}}, str(folder))
+    with pytest.raises(SettingsError, match="was trained from model_path a, but model.model_path is b"):
+        check_checkpoint_model(read_checkpoint(folder), "b", str(folder))
+    assert read_checkpoint(tmp_path) == {}  # a folder without meta.pt: nothing to compare
