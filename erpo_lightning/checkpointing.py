@@ -280,12 +280,15 @@ def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt
     """SettingsError naming every setting of `config` (this run's, as plain data) that differs from the run that
     wrote `checkpoint`, other than RESUMABLE_FIELDS, with both values.
 
-    A checkpoint written without the CLI has no full config: its module hyperparameters are compared with `model:`.
+    A checkpoint written without the CLI has no full config: its module hyperparameters are compared with the
+    fields of `model:` that this run's config holds (not those linked from another group, like `temperature`).
     """
     saved = checkpoint.get(CONFIG_KEY)
     if saved is None:
-        saved = {"model": checkpoint.get("hyper_parameters", {})}
-        config = {"model": {key: config.get("model", {}).get(key) for key in saved["model"]}}
+        model = config.get("model", {})
+        hparams = checkpoint.get("hyper_parameters", {})
+        saved = {"model": {key: value for key, value in hparams.items() if key in model}}
+        config = {"model": {key: model[key] for key in saved["model"]}}
     before, now = _flatten(saved), _flatten(config)
     changed = [
         f"{key}: {before.get(key)!r} -> {now.get(key)!r}"

@@ -66,7 +66,14 @@ def test_validate_refuses_a_checkpoint_of_another_model(one_step, tmp_path, tiny
 
 
 def test_a_checkpoint_without_the_cli_config_is_compared_by_its_module_settings():
-    checkpoint = {"hyper_parameters": {"learning_rate": 1e-3, "algorithm": "erpo", "query_weight_clip": (0.5, 2.0)}}
+    checkpoint = {
+        "hyper_parameters": {
+            "learning_rate": 1e-3,
+            "algorithm": "erpo",
+            "query_weight_clip": (0.5, 2.0),
+            "temperature": 1.0,
+        }
+    }  # temperature: linked from rollout.temperature, not in the model group of the config
     same = {"model": {"learning_rate": 1e-3, "algorithm": "erpo", "query_weight_clip": [0.5, 2.0]}}
     check_resume_config(checkpoint, {**same, "trainer": {"max_steps": 9}}, "old.ckpt")
     with pytest.raises(SettingsError, match="wrote old.ckpt in model.learning_rate: 0.001 -> 0.1. A resume"):
