@@ -159,6 +159,15 @@ def test_callbacks_check_their_numeric_settings():
         TemperatureSweepCallback(SweepConfig(), train_sample_size=-1)
     with pytest.raises(ValueError, match="HFExportCallback every_n_steps must be >= 0"):
         HFExportCallback(every_n_steps=-1)
+    for settings, message in (
+        ({"temperatures": [float("inf")]}, "every temperature must be > 0 and finite"),
+        ({"top_p": 0.0}, r"sweep.top_p must be in \(0, 1\], got 0.0"),
+        ({"max_new_tokens": 0}, "sweep.max_new_tokens must be >= 1"),
+        ({"batch_size": 0}, "sweep.batch_size must be >= 1, got 0"),
+        ({"max_problems": 0}, "sweep.max_problems must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            SweepConfig(**settings)
 
 
 def test_bad_model_paths_are_named(config, capsys, tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ temperature it sends every problem of every benchmark with the same k through th
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -79,12 +80,22 @@ class SweepConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        bad = [t for t in self.temperatures if not t > 0]
+        bad = [t for t in self.temperatures if not (math.isfinite(t) and t > 0)]
         if bad:
             raise ValueError(
-                f"sweep.temperatures: every temperature must be > 0 (got {bad}); sampling at T <= 0 is not defined "
-                "(greedy decoding is not a temperature)"
+                f"sweep.temperatures: every temperature must be > 0 and finite (got {bad}); sampling at T <= 0 is not "
+                "defined (greedy decoding is not a temperature)"
             )
+        for name, allowed, description in (
+            ("max_new_tokens", lambda v: v is None or v >= 1, ">= 1 (or null)"),
+            ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+            ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+            ("max_problems", lambda v: v is None or v >= 1, ">= 1 (or null)"),
+            ("batch_size", lambda v: v >= 1, ">= 1"),
+            ("max_prompt_length", lambda v: v >= 1, ">= 1"),
+        ):
+            if not allowed(getattr(self, name)):
+                raise ValueError(f"sweep.{name} must be {description}, got {getattr(self, name)!r}")
 
 
 @dataclass
