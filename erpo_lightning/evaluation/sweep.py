@@ -23,6 +23,7 @@ from erpo_lightning.data.prepare import prepare_queries
 from erpo_lightning.data.sources import DataError, SourceSpec, describe, resolve_spec
 from erpo_lightning.data.templates import PromptTemplate, resolve_template
 from erpo_lightning.evaluation.sweep_metrics import SweepMetric
+from erpo_lightning.memory import release_free_heap
 from erpo_lightning.rollout.engine import declare_context, derive_seed
 from erpo_lightning.rollout.sampler import GradedGroups, RolloutSampler
 
@@ -220,6 +221,7 @@ class SweepRunner:
                     bar.update(len(part))
         bar.close()
         timing.wall_s = perf_counter() - start
+        release_free_heap()  # the sweep's buffers: see erpo_lightning/memory.py
         return timing
 
 

@@ -28,6 +28,7 @@ from erpo_lightning.logprobs import (
     response_logprobs,
     sequence_logprobs,
 )
+from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings, weight_norm
@@ -417,6 +418,7 @@ class ERPOModule(L.LightningModule):
             for rows in updates:
                 self._optimizer_step(batch.select_rows(rows))
         self._log_train_metrics()
+        release_free_heap()  # the step's activations and gradients: see erpo_lightning/memory.py
 
     def _log_train_metrics(self) -> None:
         """Log the step's `train/` metrics; one logged before but not updated in this step (the loss of a skipped

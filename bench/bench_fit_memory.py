@@ -1,0 +1,120 @@
+"""Memory of a real `erpo fit`, phase by phase: resident set, its peak and glibc's heap after the reference cache,
+the engine build (and start sweep), each step's rollout (weight sync + generation) and optimizer steps, and the end
+sweep; prints JSON.
+
+Each side is one `erpo fit --config CONFIG` in a fresh process with bench/memory_probe.py's PhaseProbe appended to
+the trainer's callbacks (see that file for the phases and what each figure means), interleaved over `--rounds`.
+Sides differ by environment and flags (SIDES): `package` is the command and config as shipped, `before` the code and
+config before the memory work, the others the candidates measured to choose the setting. The
+JSON gives, per side, every phase record of the last round, the whole run's peak resident set (the largest phase
+peak), the median step time (rollout + optimizer steps, the first step left out), the seconds from launching the
+command to the start of the first training step (the reference cache is built in the first run and read after), and
+the wall time.
+
+    .venv/bin/python bench/bench_fit_memory.py --config configs/smollm2_arith.yaml \\
+        --model "$(.venv/bin/python -m erpo_lightning.real_model)" --steps 4 --sweep-problems 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from interleave import alternating
+
+REPO = Path(__file__).resolve().parent.parent
+ERPO = str(Path(sys.executable).with_name("erpo"))
+# Each side: environment and extra `erpo fit` flags. `package`: the command and config as shipped. `untuned`: without
+# the heap release between phases (ERPO_MALLOC_TRIM=0, see erpo_lightning/memory.py). `before`: also the example's
+# micro-batch token budget before 2026-12-02 (4,096), i.e. the code and config before the memory work. The other two
+# are the candidates measured first, through glibc's own environment variables (read at process start): a fixed
+# 1 MiB mmap threshold (blocks from 1 MiB up mapped one by one and unmapped on free; fixing it also stops glibc
+# raising it after each large free), and two arenas instead of eight per core.
+UNTUNED = {"ERPO_MALLOC_TRIM": "0"}
+SIDES: dict[str, dict] = {
+    "package": {"env": {}, "flags": []},
+    "untuned": {"env": UNTUNED, "flags": []},
+    "before": {"env": UNTUNED, "flags": ["--model.micro_batch_tokens", "4096"]},
+    "mmap_1mib": {"env": {**UNTUNED, "MALLOC_MMAP_THRESHOLD_": str(2**20)}, "flags": []},
+    "arenas_2": {"env": {**UNTUNED, "MALLOC_ARENA_MAX": "2"}, "flags": []},
+}
+
+
+def fit_command(args: argparse.Namespace, run_dir: Path, side: str) -> list[str]:
+    command = [
+        ERPO, "fit", "--config", args.config, "--trainer.max_steps", str(args.steps),
+        "--trainer.default_root_dir", str(run_dir), "--trainer.logger.init_args.save_dir", str(run_dir),
+    ]  # fmt: skip
+    if args.model:
+        command += ["--model.model_path", args.model]
+    if args.sweep_problems is not None:
+        command += ["--trainer.callbacks.init_args.sweep.max_problems", str(args.sweep_problems)]
+    if args.batch_size is not None:
+        command += ["--data.batch_size", str(args.batch_size)]
+    if args.max_new_tokens is not None:
+        command += ["--rollout.max_new_tokens", str(args.max_new_tokens)]
+    # Last: `--trainer.callbacks.init_args...` above applies to the last callback listed so far (the sweep's).
+    return [*command, *args.extra, *SIDES[side]["flags"], "--trainer.callbacks+=memory_probe.PhaseProbe"]
+
+
+def one_run(side: str, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"fit-memory-{side}-") as folder:
+        run_dir, probe = Path(folder) / "run", Path(folder) / "probe.jsonl"
+        python_path = os.pathsep.join(filter(None, [str(REPO / "bench"), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, **SIDES[side]["env"], "ERPO_MEMORY_PROBE": str(probe), "PYTHONPATH": python_path}
+        started, launched = time.perf_counter(), time.time()
+        done = subprocess.run(fit_command(args, run_dir, side), capture_output=True, text=True, env=env, cwd=REPO)
+        wall = time.perf_counter() - started
+        if done.returncode != 0:
+            sys.exit(f"side {side} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        records = [json.loads(line) for line in probe.read_text().splitlines()]
+    starts = {r["step"]: r["seconds"] for r in records if r["phase"] == "step_start"}
+    step_seconds = [r["seconds"] - starts[r["step"]] for r in records if r["phase"] == "train"]
+    first_step = next(r["unix_time"] for r in records if r["phase"] == "step_start")
+    return {
+        "wall_seconds": round(wall, 1),
+        "launch_to_first_step_seconds": round(first_step - launched, 1),
+        "peak_rss_gib": round(max(r["peak"] for r in records) / 2**30, 3),
+        "median_step_seconds": round(statistics.median(step_seconds[1:] or step_seconds), 2),
+        "phases": records,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/smollm2_arith.yaml")
+    parser.add_argument("--model", help="model.model_path (e.g. the SmolLM2 directory)")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--sweep-problems", type=int, help="max_problems of the config's sweep callback")
+    parser.add_argument("--batch-size", type=int, help="data.batch_size (queries per step)")
+    parser.add_argument("--max-new-tokens", type=int, help="rollout.max_new_tokens")
+    parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=["package", "before"])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("extra", nargs="*", help="more `erpo fit` flags, after --")
+    args = parser.parse_args()
+    results: dict[str, list[dict]] = {side: [] for side in args.sides}
+    for _, side in alternating(args.sides, args.rounds):
+        results[side].append(one_run(side, args))
+        print(f"{side}: peak {results[side][-1]['peak_rss_gib']} GiB", file=sys.stderr, flush=True)
+    summary = {
+        side: {
+            "peak_rss_gib": [r["peak_rss_gib"] for r in runs],
+            "median_step_seconds": [r["median_step_seconds"] for r in runs],
+            "wall_seconds": [r["wall_seconds"] for r in runs],
+            "launch_to_first_step_seconds": [r["launch_to_first_step_seconds"] for r in runs],
+            "phases_last_round": runs[-1]["phases"],
+        }
+        for side, runs in results.items()
+    }
+    print(json.dumps({"config": args.config, "steps": args.steps, "rounds": args.rounds, "sides": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
