@@ -159,12 +159,10 @@ def test_finished_runs_are_skipped_and_an_unfinished_or_changed_one_is_trained_a
 @pytest.fixture(scope="module")
 def quick_real_study(tmp_path_factory) -> Path:
     """The real-model study in quick mode (4 arms, 1 seed, 2 steps) on the shipped toy model with the HF engine, in a
-    copy of the inputs; until the study's config is written, configs/smollm2_arith.yaml stands in for it."""
+    copy of the inputs (the configs, the toy model, the study's task)."""
     workdir = tmp_path_factory.mktemp("real_study")
     copy_quickstart_inputs(workdir)
-    config = workdir / REAL_MODEL.base_config
-    if not config.exists():
-        shutil.copy(workdir / "configs" / "smollm2_arith.yaml", config)
+    shutil.copytree(REPO / "erpo_lightning/tasks/shipped", workdir / "erpo_lightning/tasks/shipped")
     command = [*STUDY, "--quick", "--workdir", str(workdir), "--eval-problems", "4", "--train-sample-size", "4",
                "--fit-args=--data.batch_size 4 --rollout.group_size 4"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
