@@ -284,6 +284,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run, after one warm-up step")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS),
+                        help="run only these (ratios need both sides of a pair)")  # fmt: skip
     parser.add_argument("--config", choices=CONFIGS, help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -307,7 +309,7 @@ def main() -> None:
         elif not (Path(args.model) / "config.json").is_file():
             sys.exit(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
         results = run_workers(
-            __file__, {name: ["--config", name, "--workdir", workdir] for name in CONFIGS}, args.rounds
+            __file__, {name: ["--config", name, "--workdir", workdir] for name in args.configs}, args.rounds
         )
     summary = {
         name: {
@@ -319,14 +321,15 @@ def main() -> None:
         }
         for name, runs in results.items()
     }
+    pairs = {pair: sides for pair, sides in PAIRS.items() if set(sides) <= set(summary)}
     ratios = {
         f"{pair}/{part}": summary[ours][f"{part}_median"] / summary[trl][f"{part}_median"]
-        for pair, (ours, trl) in PAIRS.items()
+        for pair, (ours, trl) in pairs.items()
         for part in ("total_s", "generation_s", "training_s")
     }
     ratios.update(
         {f"{pair}/peak_rss": summary[ours]["peak_rss_mib"] / summary[trl]["peak_rss_mib"] for pair, (ours, trl) in
-         PAIRS.items()}
+         pairs.items()}
     )  # fmt: skip
     from importlib.metadata import version
 

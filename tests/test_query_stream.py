@@ -1,5 +1,7 @@
 """One query stream feeds each step's batch and its dynamic-sampling refills: next unused queries, resumable."""
 
+import warnings
+
 import lightning as L
 import pytest
 import torch
@@ -166,7 +168,7 @@ def test_refills_past_the_epoch_end_take_the_leftover_then_the_next_epoch_and_sa
     sampler = QueryBatchSampler(7, 2, shuffle=False)
     main = iter(sampler)
     assert [next(main), sampler.refill(), next(main)] == [[0, 1], [2, 3], [4, 5]]
-    with pytest.warns(UserWarning, match="epoch 0.*a query can repeat within this step"):
+    with pytest.warns(UserWarning, match="epoch 0.*a query can repeat within a step"):
         assert sampler.refill() == [6, 0]  # the leftover no full batch could hold, then epoch 1's first query
     assert list(main) == []  # the stream has left epoch 0: the DataLoader's epoch ends
     sampler.set_epoch(1)
@@ -178,6 +180,18 @@ def test_refills_past_the_epoch_end_take_the_leftover_then_the_next_epoch_and_sa
         assert shuffled.refill() == shuffled.order(1)[:2].tolist()
     shuffled.set_epoch(1)
     assert list(shuffled) == [shuffled.order(1)[2:].tolist()]
+
+
+def test_refills_crossing_epochs_warn_once_per_run():
+    """Each refill past an epoch's end used to warn again, naming a new epoch (18 warnings in 3 steps)."""
+    sampler = QueryBatchSampler(3, 2, shuffle=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(6):
+            sampler.refill()
+    assert sampler.epoch >= 3 and [str(w.message) for w in caught if "refills" in str(w.message)] == [
+        str(caught[0].message)
+    ]
 
 
 def test_lightning_reaches_set_epoch():

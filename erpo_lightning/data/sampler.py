@@ -61,6 +61,7 @@ class QueryBatchSampler(Sampler[list[int]]):
         self.drop_last = (drop_last or world_size > 1) and num_queries >= self.global_batch
         self.epoch = 0  # the stream's epoch: refills can move it past the DataLoader's
         self.offset = 0  # queries of `epoch`'s order handed out
+        self._warned_crossing = False  # refills crossing into the next epoch are said once per run
         self._loader_epoch = 0  # the epoch the DataLoader iterates (`set_epoch`)
         self._pending: list[list[int]] = []  # drawn before a checkpoint, not trained on: handed out first on resume
         self._drawn: list[list[int]] = []  # global batches yielded in this epoch's iteration, pending ones included
@@ -102,15 +103,18 @@ class QueryBatchSampler(Sampler[list[int]]):
 
     def refill(self) -> list[int]:
         """This rank's share of the next global batch of unused queries (dynamic sampling), crossing into the next
-        epoch when this one runs out (warned once per epoch)."""
+        epoch when this one runs out (warned the first time)."""
         batch: list[int] = []
         while len(batch) < self.global_batch:
             if self.offset == self.num_queries:
-                rank_zero_warn(
-                    f"dynamic-sampling refills used up the queries of epoch {self.epoch}: they continue with epoch "
-                    f"{self.epoch + 1}'s order, so a query can repeat within this step (more queries, a smaller "
-                    "data.batch_size or fewer rollout.max_refill_rounds avoid it)"
-                )
+                if not self._warned_crossing:
+                    self._warned_crossing = True
+                    rank_zero_warn(
+                        f"dynamic-sampling refills used up the queries of epoch {self.epoch}: they continue with the "
+                        "next epoch's order, so a query can repeat within a step (more queries, a smaller "
+                        "data.batch_size or fewer rollout.max_refill_rounds avoid it); said once per run, the "
+                        "`rollout/repeated_queries` metric counts every repeat"
+                    )
                 self.epoch, self.offset = self.epoch + 1, 0
             batch += self._take(min(self.num_queries - self.offset, self.global_batch - len(batch)))
         return batch[self.rank :: self.world_size]
