@@ -377,8 +377,7 @@ class ERPOModule(L.LightningModule):
         finite = self.guard.finite("loss", step_loss, where)
         if finite:
             grads = [p for p in self.policy.parameters() if p.grad is not None]  # the norm is over all ranks/shards
-            max_norm = self.hparams.gradient_clip_norm
-            grad_norm = clip_grad_norm(grads, math.inf if max_norm is None else max_norm)
+            grad_norm = clip_grad_norm(grads, self.hparams.gradient_clip_norm)
             finite = self.guard.finite("gradient norm", grad_norm, where)
         if finite:
             self.train_metrics["loss"].update(step_loss)

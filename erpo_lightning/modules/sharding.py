@@ -68,8 +68,9 @@ def data_parallel_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
     return device_mesh["data_parallel"]
 
 
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Clip gradients to a global L2 norm of `max_norm`; returns the norm before clipping (a plain scalar tensor).
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
+    """Clip gradients to a global L2 norm of `max_norm` (None: measure only); returns the norm before clipping (a
+    plain scalar tensor).
 
     Under FSDP2 the gradients are DTensor shards: the norm of each is a partial result, reduced across ranks by
     `full_tensor()`, so every rank clips with the same, global norm. Under DDP the gradients are already averaged.
@@ -78,7 +79,8 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Ten
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    if max_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
     return total
 
 
