@@ -9,7 +9,7 @@ erpo_released's matched baseline (its preset without Query-KL and w(q)), seeds 0
     python experiments/real_model_study.py --quick             # CI smoke test: the shipped toy model, HF engine
     python experiments/study_compare.py real_model runs/real_rerun   # does a rerun confirm the claims?
 
-Without `--model-path`, `python -m erpo_lightning.real_model` is run to find SmolLM2's converted directory (it
+Without `--model-path`, `erpo_lightning.real_model.prepare_smollm2` finds SmolLM2's converted directory (it
 downloads and converts it the first time). The study spans sessions: rerun the same command and the runs that
 finished are skipped, an unfinished one is cleared and trained again. It needs the whole machine: one run at a time
 (`--jobs 1`). The full study writes docs/real_model_study.md (+ PNGs and real_model_study_claims.json beside it)
@@ -19,7 +19,6 @@ from every finished run of the arms asked for: after a third seed of some arms o
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from study_claims import Claim, Gate, KOfN, MeanMargin  # noqa: E402
 from study_definition import ALL_QUERIES, ReportInputs, Study, StudySettings  # noqa: E402
 from study_engine import main as run_study_main  # noqa: E402
 
+from erpo_lightning.real_model import prepare_smollm2  # noqa: E402
 from erpo_lightning.toy.ship import file_sha256, files_sha256  # noqa: E402
 
 # The pilot's config (issue 26, item 1): SmolLM2-135M-Instruct on the harder arithmetic task; its first
@@ -95,15 +95,6 @@ CLAIMS: tuple[Claim, ...] = (
 )  # fmt: skip
 
 
-def smollm2_path() -> str:
-    """SmolLM2-135M-Instruct's converted directory, as `python -m erpo_lightning.real_model` prints it (prepared
-    there the first time: a 93 MB download and about a minute of conversion)."""
-    done = subprocess.run([sys.executable, "-m", "erpo_lightning.real_model"], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"python -m erpo_lightning.real_model failed:\n{done.stderr[-2000:]}")
-    return done.stdout.strip().splitlines()[-1]
-
-
 def model_directory(workdir: Path, model_path: str | None) -> dict:
     """The model's directory and the sha256 of its files (each file's sha256 with its name, as the toy model's
     manifest identifies it)."""
@@ -135,7 +126,7 @@ REAL_MODEL = Study(
     write_report=write_real_model_report,
     quick_fit_flags=QUICK_FIT_FLAGS,
     model_path=TOY_MODEL,
-    resolve_model_path=smollm2_path,
+    resolve_model_path=prepare_smollm2,  # SmolLM2-135M-Instruct, downloaded and converted the first time
     jobs=1,
 )
 
