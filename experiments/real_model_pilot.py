@@ -16,6 +16,9 @@ steps, the reward of each taking off only around steps 13-16. `--confirm FAMILY`
 (configs/study_smollm2.yaml: 40 steps, final sweep of 100 held-out problems and the 64 training queries at T = 0.6 /
 1.0 / 1.5) with seed CONFIRM_SEED, which no main run uses, and reports the plan's validity gate on it.
 
+Amendment 3 (2026-12-02, during the four_single_digits confirmation run, before its result): `--learning-rate`
+sets the confirmation run's learning rate (one run at 3e-5, by the plan's rule).
+
 Everything goes under --out: each family's task files, its sweep's results.csv, the grpo run's metrics.csv, and
 pilot.json with the numbers and the choice.
 
@@ -98,15 +101,17 @@ def grpo_reward(task: Path, model: str, out: Path) -> list[float]:
         return [100 * float(r["rollout/reward_mean"]) for r in csv.DictReader(handle) if r.get("rollout/reward_mean")]
 
 
-def confirm(family: str, model: str, out: Path) -> dict:
-    """The study's grpo run on `family` with seed CONFIRM_SEED, and the validity gate on its final sweep."""
+def confirm(family: str, model: str, out: Path, learning_rate: float | None = None) -> dict:
+    """The study's grpo run on `family` with seed CONFIRM_SEED (at `learning_rate`, or the config's), and the
+    validity gate on its final sweep."""
     out.mkdir(parents=True, exist_ok=True)
     task = out / "task"
     write_task(family, TASK["num_train"], TASK["num_test"], TASK["seed"], task)
     seed = str(CONFIRM_SEED)
+    rate = ["--model.learning_rate", str(learning_rate)] if learning_rate is not None else []
     command = [
         ERPO, "fit", "--config", str(CONFIG), *task_flags(task, model, out / "cache"), "--model.algorithm", "grpo",
-        "--seed_everything", seed, "--rollout.seed", seed, "--data.seed", seed,
+        "--seed_everything", seed, "--rollout.seed", seed, "--data.seed", seed, *rate,
         "--trainer.default_root_dir", str(out / "grpo"), "--trainer.logger.init_args.save_dir", str(out / "grpo"),
         "--trainer.callbacks.init_args.sweep.benchmarks",
         json.dumps([{"source": {"path": str(task / "test.jsonl"), "label": "study_test"}, "k": 4}]),
@@ -117,6 +122,7 @@ def confirm(family: str, model: str, out: Path) -> dict:
     result = {
         "family": family,
         "seed": CONFIRM_SEED,
+        "learning_rate": learning_rate,
         "held_out_avg4": accuracy,
         "train_eval_gap": 100 * after.get("train_eval_gap", float("nan")),
         "valid": 40 <= accuracy["1"] <= 85 and accuracy["1.5"] <= accuracy["1"] - 10,
@@ -131,9 +137,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "real_model_pilot")
     parser.add_argument("--by-reward", action="store_true", help="the amended rule: skip the base-accuracy filter")
     parser.add_argument("--confirm", choices=FAMILIES, help="amendment 2: the study's grpo run on this family")
+    parser.add_argument("--learning-rate", type=float, help="amendment 3: the confirmation run's learning rate")
     args = parser.parse_args(argv)
     if args.confirm:
-        print(json.dumps(confirm(args.confirm, args.model, args.out / f"confirm_{args.confirm}"), indent=1))
+        name = f"confirm_{args.confirm}" + (f"_lr{args.learning_rate:g}" if args.learning_rate is not None else "")
+        print(json.dumps(confirm(args.confirm, args.model, args.out / name, args.learning_rate), indent=1))
         return
     rule = {"base_range": None if args.by_reward else BASE_RANGE, "reward_range": REWARD_RANGE, "steps": PILOT_STEPS}
     record: dict = {"rule": rule,
