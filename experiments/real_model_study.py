@@ -10,11 +10,12 @@ erpo_released's matched baseline (its preset without Query-KL and w(q)), seeds 0
     python experiments/study_compare.py real_model runs/real_rerun   # does a rerun confirm the claims?
 
 Without `--model-path`, `erpo_lightning.real_model.prepare_smollm2` finds SmolLM2's converted directory (it
-downloads and converts it the first time). The study spans sessions: rerun the same command and the runs that
-finished are skipped, an unfinished one is cleared and trained again. It needs the whole machine: one run at a time
-(`--jobs 1`). The full study writes docs/real_model_study.md (+ PNGs and real_model_study_claims.json beside it)
-from every finished run of the arms asked for: after a third seed of some arms only (`--arms erpo grpo --seeds 2`),
-`--report-only` rewrites it with every arm.
+downloads and converts it the first time). The study spans sessions: its run directories
+(docs/real_model_study_runs/<arm>/seed<k>) are committed as they finish, and on a rerun of the same command the
+finished runs are skipped and an unfinished one is cleared and trained again. It needs the whole machine: one run
+at a time (`--jobs 1`). The full study writes docs/real_model_study.md (+ PNGs and real_model_study_claims.json
+beside it) from every finished run of the arms asked for: after a third seed of some arms only (`--arms erpo grpo
+--seeds 2`), `--report-only` rewrites it with every arm.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ ARMS: dict[str, list[str]] = {
                               "--model.use_query_weights", "false"],
 }  # fmt: skip
 
-STEPS = 60  # placeholder: the pilot sets it (docs/real_model_study_plan.md)
+STEPS = 40  # docs/real_model_study_plan.md, "Settings"
 FULL = StudySettings(steps=STEPS, seeds=(0, 1), temperatures=(0.6, 1.0, 1.5), eval_problems=100, eval_k=4,
                      train_sample_size=ALL_QUERIES)  # the gap on every training query  # fmt: skip
 QUICK = StudySettings(steps=2, seeds=(0,), temperatures=(0.6, 1.0, 1.5), eval_problems=8, eval_k=2,
@@ -119,7 +120,10 @@ REAL_MODEL = Study(
     full=FULL,
     quick=QUICK,
     claims=CLAIMS,
-    out=Path("runs/real_model_study"),
+    # Tracked, not under runs/: the study spans sessions and each session's machine starts empty, so every finished
+    # run's directory (its logs and sweeps, a few hundred kB, no checkpoints) is committed where the next session and
+    # --report-only find it.
+    out=Path("docs/real_model_study_runs"),
     quick_out=Path("runs/real_model_study_quick"),
     report=Path("docs/real_model_study.md"),
     model_identity=model_directory,

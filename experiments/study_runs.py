@@ -2,8 +2,10 @@
 command finished before), and finding the finished runs of a study's run directory.
 
 A run lives in `<out>/<arm slug>/seed<k>`: `callbacks.yaml` (the final sweep), `run.json` (the command and that
-sweep, to tell whether a run there is this run), `fit.log` and the CSVLogger directory `erpo/version_<n>`. It is
-finished when its final sweep is written (`sweep_summary.json`). A study spans sessions that may be killed mid-run:
+sweep, to tell whether a run there is this run), `fit.log`, the CSVLogger directory `erpo/version_<n>` and, once it
+ends, `timing.json` (its start, end and seconds: file times do not survive a git clone, and a study whose runs span
+sessions commits its finished runs). It is finished when its final sweep is written (`sweep_summary.json`) and its
+timing recorded. A study spans sessions that may be killed mid-run:
 on a rerun a finished run with the same command is skipped, any other run directory is cleared and trained again.
 """
 
@@ -23,6 +25,7 @@ from study_report import RunRecord
 
 ERPO = str(Path(sys.executable).with_name("erpo"))
 RUN_FILE = "run.json"
+TIMING_FILE = "timing.json"
 SWEEP_CALLBACK = "erpo_lightning.callbacks.TemperatureSweepCallback"
 
 
@@ -87,14 +90,17 @@ def latest_log_dir(run_dir: Path) -> Path | None:
 def is_finished(run_dir: Path) -> bool:
     """Whether the run in `run_dir` wrote its final sweep."""
     log_dir = latest_log_dir(run_dir)
-    return log_dir is not None and (log_dir / "sweep_summary.json").is_file() and (run_dir / "fit.log").is_file()
+    return log_dir is not None and (log_dir / "sweep_summary.json").is_file() and (run_dir / TIMING_FILE).is_file()
+
+
+def run_timing(run_dir: Path) -> dict:
+    """A finished run's `timing.json`: `started` and `ended` (Unix seconds) and `seconds` (monotonic wall time)."""
+    return json.loads((run_dir / TIMING_FILE).read_text())
 
 
 def run_record(arm: str, seed: int, run_dir: Path) -> RunRecord:
-    """A finished run's record. Its seconds are read from its files: `callbacks.yaml` is written just before
-    `erpo fit` starts and `fit.log` last written when it ends."""
-    seconds = (run_dir / "fit.log").stat().st_mtime - (run_dir / "callbacks.yaml").stat().st_mtime
-    return RunRecord(arm, seed, latest_log_dir(run_dir), seconds)
+    """A finished run's record, its seconds from its `timing.json`."""
+    return RunRecord(arm, seed, latest_log_dir(run_dir), run_timing(run_dir)["seconds"])
 
 
 def run_identity(command: list[str], callbacks: dict) -> dict:
@@ -123,13 +129,15 @@ def train_one(study: Study, arm: str, seed: int, workdir: Path, out: Path, setti
     run_file.write_text(json.dumps(identity, indent=1) + "\n")
     (workdir / run_dir / "callbacks.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    start = time.monotonic()
+    started, start = time.time(), time.monotonic()
     with open(workdir / run_dir / "fit.log", "w") as log:
         result = subprocess.run(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - start
     if result.returncode != 0:
         tail = (workdir / run_dir / "fit.log").read_text()[-3000:]
         raise RuntimeError(f"{arm} seed {seed} failed (exit {result.returncode}):\n{tail}")
+    timing = {"started": started, "ended": time.time(), "seconds": seconds}
+    (workdir / run_dir / TIMING_FILE).write_text(json.dumps(timing, indent=1) + "\n")
     print(f"{arm:>16} seed {seed}: {seconds:6.1f} s", flush=True)
     return RunRecord(arm, seed, latest_log_dir(workdir / run_dir), seconds)
 
@@ -151,6 +159,5 @@ def load_runs(out: Path, arms: list[str], name: str) -> list[RunRecord]:
 
 def study_minutes(records: list[RunRecord]) -> float:
     """Wall time of the runs behind `records`: first run's start to last run's end, in minutes."""
-    dirs = [record.log_dir.parents[1] for record in records]
-    start = min((d / "callbacks.yaml").stat().st_mtime for d in dirs)
-    return (max((d / "fit.log").stat().st_mtime for d in dirs) - start) / 60
+    timings = [run_timing(record.log_dir.parents[1]) for record in records]
+    return (max(t["ended"] for t in timings) - min(t["started"] for t in timings)) / 60

@@ -3,6 +3,7 @@ real-model study's definition, the runs' commands, resuming a study after a kill
 smoke test of experiments/real_model_study.py in quick mode on the shipped toy model (HF engine, no SmolLM2)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import study_runs  # noqa: E402
 from real_model_study import CLAIMS, REAL_MODEL  # noqa: E402
 from study_claims import Claim, MeanMargin, confirm, evaluate  # noqa: E402
 from study_definition import ALL_QUERIES, StudySettings  # noqa: E402
-from study_runs import callback_config, fit_command, train_one  # noqa: E402
+from study_runs import callback_config, fit_command, run_record, train_one  # noqa: E402
 
 STUDY = [sys.executable, str(REPO / "experiments" / "real_model_study.py")]
 COMPARE = [sys.executable, str(REPO / "experiments" / "study_compare.py"), "real_model"]
@@ -145,6 +146,11 @@ def test_finished_runs_are_skipped_and_an_unfinished_or_changed_one_is_trained_a
 
     train()
     assert (run_dir / "erpo/version_0/sweep_summary.json").is_file() and "trained" in (run_dir / "fit.log").read_text()
+    timing = json.loads((run_dir / "timing.json").read_text())
+    assert timing["started"] < timing["ended"] and 0 < timing["seconds"] < 60
+    for path in run_dir.rglob("*"):  # a git clone sets every file's time: the record's seconds do not move
+        os.utime(path, (0, 0))
+    assert run_record("grpo", 0, run_dir).seconds == timing["seconds"]
     capsys.readouterr()
     train(first=False)  # finished with the same command (first of the study or not): skipped
     assert "finished before, skipped" in capsys.readouterr().out and not (run_dir / "erpo/version_1").exists()
