@@ -3,10 +3,10 @@ command finished before), and finding the finished runs of a study's run directo
 
 A run lives in `<out>/<arm slug>/seed<k>`: `callbacks.yaml` (the final sweep), `run.json` (the command and that
 sweep, to tell whether a run there is this run), `fit.log`, the CSVLogger directory `erpo/version_<n>` and, once it
-ends, `timing.json` (its start, end and seconds: file times do not survive a git clone, and a study whose runs span
-sessions commits its finished runs). It is finished when its final sweep is written (`sweep_summary.json`) and its
-timing recorded. A study spans sessions that may be killed mid-run:
-on a rerun a finished run with the same command is skipped, any other run directory is cleared and trained again.
+ends, `timing.json` (its start, end, seconds and code commit: file times do not survive a git clone, and a study
+whose runs span sessions commits its finished runs). It is finished when its final sweep is written
+(`sweep_summary.json`) and its timing recorded. A study spans sessions that may be killed mid-run: on a rerun a
+finished run with the same command is skipped, any other run directory is cleared and trained again.
 """
 
 from __future__ import annotations
@@ -112,6 +112,17 @@ def run_identity(command: list[str], callbacks: dict) -> dict:
     return {"command": command[1:], "sweep": sweep}
 
 
+def code_commit(workdir: Path) -> str:
+    """The git commit of the code a run ran (its snapshot worktree's HEAD, `+dirty` when files differ from it): a
+    study spanning sessions may run its seeds on different commits, and its report says which."""
+    git = ["git", "-C", str(workdir)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def train_one(study: Study, arm: str, seed: int, workdir: Path, out: Path, settings: StudySettings, sweep: dict,
               model_path: str | None, extra: list[str], run_at_start: bool, threads: int) -> RunRecord:  # fmt: skip
     """Train and sweep one run from scratch (its directory cleared first), unless the same run finished there before;
@@ -136,7 +147,7 @@ def train_one(study: Study, arm: str, seed: int, workdir: Path, out: Path, setti
     if result.returncode != 0:
         tail = (workdir / run_dir / "fit.log").read_text()[-3000:]
         raise RuntimeError(f"{arm} seed {seed} failed (exit {result.returncode}):\n{tail}")
-    timing = {"started": started, "ended": time.time(), "seconds": seconds}
+    timing = {"started": started, "ended": time.time(), "seconds": seconds, "commit": code_commit(workdir)}
     (workdir / run_dir / TIMING_FILE).write_text(json.dumps(timing, indent=1) + "\n")
     print(f"{arm:>16} seed {seed}: {seconds:6.1f} s", flush=True)
     return RunRecord(arm, seed, latest_log_dir(workdir / run_dir), seconds)

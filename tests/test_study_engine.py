@@ -148,6 +148,7 @@ def test_finished_runs_are_skipped_and_an_unfinished_or_changed_one_is_trained_a
     assert (run_dir / "erpo/version_0/sweep_summary.json").is_file() and "trained" in (run_dir / "fit.log").read_text()
     timing = json.loads((run_dir / "timing.json").read_text())
     assert timing["started"] < timing["ended"] and 0 < timing["seconds"] < 60
+    assert timing["commit"] == "unknown (not a git checkout)"  # tmp_path is no checkout
     for path in run_dir.rglob("*"):  # a git clone sets every file's time: the record's seconds do not move
         os.utime(path, (0, 0))
     assert run_record("grpo", 0, run_dir).seconds == timing["seconds"]
