@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from erpo_lightning.data.fingerprint import _file_sha256, cache_home
+from erpo_lightning.file_hashes import cache_home, cached_file_sha256
 
 GGUF_SUFFIX = ".gguf"
 # Written last into a converted directory: its presence means the conversion finished.
@@ -37,14 +37,14 @@ def resolve_model_path(path: str) -> str:
     """The HF model directory or Hub id to load for `path`: a `.gguf` file's cached conversion, else `path` itself.
 
     The first call for a `.gguf` file dequantizes it to float32 (seconds to minutes); later calls only hash the file
-    (its sha256 is remembered per file version, see `fingerprint._file_version`). A changed file gets a new directory.
+    (its sha256 is remembered per file version, see `file_hashes.file_version`). A changed file gets a new directory.
     """
     if not is_gguf(path):
         return path
     gguf_file = Path(path)
     if not gguf_file.is_file():
         raise FileNotFoundError(f"model path {path!r} ends in {GGUF_SUFFIX} but is not a file")
-    digest = _file_sha256(gguf_file)
+    digest = cached_file_sha256(gguf_file)
     target = converted_dir(gguf_file, digest)
     if (target / MANIFEST_NAME).is_file():
         return str(target)

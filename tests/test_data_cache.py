@@ -248,9 +248,10 @@ def test_vllm_prompt_logprobs_agree_with_the_transformers_path(tiny_dir, model, 
 
 
 def test_file_hashes_are_remembered_but_never_stale(tmp_path, monkeypatch):
+    from erpo_lightning import file_hashes
     from erpo_lightning.data import fingerprint
 
-    monkeypatch.setattr(fingerprint, "HASH_MEMO", tmp_path / "memo.json")
+    monkeypatch.setattr(file_hashes, "HASH_MEMO", tmp_path / "memo.json")
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"a" * 64)
     first = fingerprint.weights_hash(tmp_path)

@@ -245,9 +245,10 @@ def test_cache_files_get_the_usual_permissions(built):
 
 
 def test_a_weight_file_rewritten_in_place_with_the_same_size_and_mtime_is_hashed_again(tmp_path, monkeypatch):
+    from erpo_lightning import file_hashes
     from erpo_lightning.data import fingerprint
 
-    monkeypatch.setattr(fingerprint, "HASH_MEMO", tmp_path / "memo.json")
+    monkeypatch.setattr(file_hashes, "HASH_MEMO", tmp_path / "memo.json")
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"a" * 4096)
     stat = weights.stat()

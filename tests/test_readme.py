@@ -1,18 +1,35 @@
-"""The README's code examples run as written."""
+"""The README is a front door whose code runs as written, and the README and docs/ quote only what their files hold."""
 
 import json
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+MAX_README_LINES = 150
 
 
 def python_blocks(marker: str) -> list[str]:
     """Python code blocks that directly follow an HTML comment `<!-- marker -->` in the README."""
     pattern = re.compile(rf"<!-- {re.escape(marker)} -->\s*```python\n(.*?)```", re.S)
     return pattern.findall(README.read_text())
+
+
+def section(path: Path, heading: str) -> str:
+    """The text of `path` under the level-2 `heading` (a whole heading line), up to the next level-2 heading."""
+    text = path.read_text()
+    assert f"\n{heading}\n" in text, f"{path.name} lost its section {heading!r}"
+    return text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def test_objectives_example_runs():
@@ -25,26 +42,67 @@ def test_objectives_example_runs():
 
 
 def test_readme_has_exactly_two_commands_in_its_quickstart():
-    text = README.read_text()
-    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    commands = re.findall(r"```bash\n(.*?)```", section, re.S)
+    commands = re.findall(r"```bash\n(.*?)```", section(README, "## Quickstart"), re.S)
     lines = [line for block in commands for line in block.splitlines() if line.strip() and not line.startswith("#")]
     assert lines == ["make quickstart", "make test"]
 
 
-def test_toy_study_claims_quoted_in_the_readme_are_the_shipped_claims():
-    section = README.read_text().split("## What ERPO does, measured", 1)[1].split("\n## ", 1)[0]
-    report = (README.parent / "docs" / "toy_study.md").read_text()
-    claims = json.loads((README.parent / "docs" / "toy_study_claims.json").read_text())["claims"]
-    assert "](docs/toy_study.md)" in section
-    items = [" ".join(item.split()) for item in re.split(r"\n(?=- )|\n\n", section)]  # bullets, paragraphs
+def test_readme_is_a_front_door():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"the README has {len(lines)} lines: move detail into docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_relative_links_name_files_and_headings_that_exist(page):
+    """Every relative markdown link names an existing file and, after `#`, one of that file's headings."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path_part, _, anchor = target.partition("#")
+        linked = (page.parent / path_part).resolve() if path_part else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
+            if anchor not in {heading_anchor(heading) for heading in headings}:
+                broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    assert not broken, f"{page.name}: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_quickstart_figures_keep_their_caveat(page):
+    """The quickstart's 2026-12-01 figures were not rerun after the Query-KL tolerance: wherever they are quoted, the
+    page says so."""
+    text = " ".join(page.read_text().split())
+    if "39.0% to 65.5%" in text:
+        assert "predate" in text and "Query-KL tolerance" in text and "not been rerun" in text, page.name
+
+
+def check_quoted_claims(text: str, minimum: int) -> None:
+    """Claims of the toy study quoted in `text` in the report's words carry their shipped k of n seeds and median."""
+    claims = json.loads((DOCS / "toy_study_claims.json").read_text())["claims"]
+    items = [" ".join(item.split()) for item in re.split(r"\n(?=- )|\n\n", text)]  # bullets, paragraphs
     quoted = [claim for claim in claims if any(claim["text"] in item for item in items)]
-    assert len(quoted) >= 4, "the section should state the study's claims in the report's words"
+    assert len(quoted) >= minimum, "the text should state the study's claims in the report's words"
     for claim in quoted:  # each quoted claim carries its k of n seeds and its median paired value
         line = next(item for item in items if claim["text"] in item)
         assert f"{claim['k']} of {claim['n']} seeds" in line, (claim["key"], line)
         assert claim["median"] is None or f"{claim['median']:.3g}" in line, (claim["key"], line)
-    figures = re.findall(r"\d[\d.]* ± [\d.]+", section)
-    assert not [figure for figure in figures if figure not in report], "README quotes numbers the report lacks"
-    minutes = re.search(r"\(([\d.]+) min on 2 CPU cores", section).group(1)
+
+
+def test_toy_study_claims_in_the_readme_are_the_shipped_claims():
+    bullets = section(README, "## What ERPO does, measured")
+    assert "](docs/toy_study.md)" in bullets and "](docs/results.md)" in bullets
+    check_quoted_claims(bullets, minimum=2)
+
+
+def test_toy_study_claims_in_the_results_page_are_the_shipped_claims():
+    text = section(DOCS / "results.md", "## The toy study")
+    report = (DOCS / "toy_study.md").read_text()
+    assert "](toy_study.md)" in text
+    check_quoted_claims(text, minimum=4)
+    figures = re.findall(r"\d[\d.]* ± [\d.]+", text)
+    assert not [figure for figure in figures if figure not in report], "results.md quotes numbers the report lacks"
+    minutes = re.search(r"\(([\d.]+) min on 2 CPU cores", text).group(1)
     assert f"time: {minutes} min" in report

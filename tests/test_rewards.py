@@ -7,7 +7,8 @@ import pickle
 
 import pytest
 
-from erpo_lightning.rewards import MathReward, RewardFn, extract_answer, verify_answer
+from erpo_lightning.rewards import MathReward, extract_answer, verify_answer
+from erpo_lightning.rewards.protocol import score_responses
 from erpo_lightning.rollout.engine import Sample
 from erpo_lightning.rollout.sampler import RolloutSampler
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
@@ -117,8 +118,8 @@ def test_rewards_and_counters(reward):
 
 def test_custom_reward_values_and_protocol():
     custom = MathReward(num_workers=0, correct_reward=2.0, incorrect_reward=-1.0)
-    assert isinstance(custom, RewardFn)
-    assert custom(["\\boxed{\\sqrt{4}}", "\\boxed{1}"], ["2", "2"]) == [2.0, -1.0]
+    assert score_responses(custom, ["\\boxed{\\sqrt{4}}", "\\boxed{1}"], ["2", "2"]) == [2.0, -1.0]
+    assert custom.counters()["items"] == 2  # the optional tallies of the Reward protocol
 
 
 def test_pickle_and_deepcopy_drop_the_pool(reward):

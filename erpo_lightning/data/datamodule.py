@@ -29,7 +29,7 @@ from erpo_lightning.data.cache import (
     remove_stale_temporaries,
     write_cache,
 )
-from erpo_lightning.data.fingerprint import build_manifest, cache_home, check_manifest, fingerprint_digest
+from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
 from erpo_lightning.data.reference_logprobs import (
     Gather,
@@ -41,6 +41,7 @@ from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
+from erpo_lightning.file_hashes import cache_home
 from erpo_lightning.rollout.batch import QueryBatch
 
 Dtype = Literal["float32", "bfloat16", "float16"]

@@ -3,6 +3,6 @@
 from erpo_lightning.rewards.conventions import CONVENTIONS, GraderSettings
 from erpo_lightning.rewards.extraction import extract_answer
 from erpo_lightning.rewards.math_reward import MathReward, Verdict, verify_answer
-from erpo_lightning.rewards.protocol import RewardFn
+from erpo_lightning.rewards.protocol import Reward
 
-__all__ = ["CONVENTIONS", "GraderSettings", "MathReward", "RewardFn", "Verdict", "extract_answer", "verify_answer"]
+__all__ = ["CONVENTIONS", "GraderSettings", "MathReward", "Reward", "Verdict", "extract_answer", "verify_answer"]

@@ -1,7 +1,9 @@
 """The reward interface: what the rollout sampler calls and what a user-supplied reward implements.
 
-`Reward` is the type the sampler and the CLI accept (any `(responses, golds) -> rewards` callable); `RewardFn` spells
-out the same call plus the optional `counters()` as a Protocol, for isinstance checks and documentation.
+A `Reward` is any callable `(responses, golds) -> rewards` that returns one float per `(response, gold)` pair, in
+order. It may also define `counters() -> dict[str, float]`, returning the tallies accumulated since the previous call
+(e.g. `items`, `timeouts`, `parse_failures`, `extraction_failures`) and resetting them; the rollout callback logs
+them as `rollout/grader_<key>`. Any such class can be configured from YAML by `class_path` (`MathReward` is one).
 `score_responses` is how the sampler calls one: a reward that does not return one value per response is refused
 with the counts named, instead of failing later in a reshape.
 """
@@ -9,24 +11,8 @@ with the counts named, instead of failing later in a reshape.
 from __future__ import annotations
 
 from collections.abc import Callable, Sized
-from typing import Protocol, runtime_checkable
 
 Reward = Callable[[list[str], list[str]], list[float]]
-
-
-@runtime_checkable
-class RewardFn(Protocol):
-    """A batch reward: one float per ``(response, gold)`` pair.
-
-    Implementations may also define ``counters() -> dict[str, float]``, which returns the
-    counters accumulated since the previous call (e.g. ``timeouts``, ``parse_failures``,
-    ``extraction_failures``, ``items``) and resets them; the rollout callback logs them.
-    Any class satisfying this protocol can be configured from YAML by ``class_path``.
-    """
-
-    def __call__(self, responses: list[str], golds: list[str]) -> list[float]:
-        """Score each response against the reference answer at the same index."""
-        ...
 
 
 def reward_name(reward: Reward) -> str:

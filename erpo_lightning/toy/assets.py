@@ -26,7 +26,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from erpo_lightning.data.fingerprint import cache_home
+from erpo_lightning.file_hashes import cache_home
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
 from erpo_lightning.toy.pretrain import MAX_NEW_TOKENS, PretrainConfig, pretrain, sample_correct
