@@ -333,6 +333,8 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
         if subcommand == "fit":  # what the module checks against the RolloutCallback at fit start
             check_group_size(algorithm.advantage_estimator, config.rollout.group_size)
+        if config.get("sweep") is not None:  # `validate`'s: SweepConfig's own checks, on the parsed values
+            SweepConfig(**config.sweep.as_dict())
     except ValueError as error:
         raise SettingsError(str(error)) from None
     keywords = RESUME_KEYWORDS if subcommand == "fit" else ()  # `validate` reads the files it is given

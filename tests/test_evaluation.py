@@ -101,7 +101,7 @@ def _distributed_worker(rank, port, cells, results):
     dist.init_process_group("gloo", rank=rank, world_size=2)
     metric = SweepMetric(["a", "b"], [0.5, 1.5], pass_ks=[2, 2])
     for (b, t), (correct, lengths, truncated) in cells.items():
-        rows = slice(rank, None, 2)  # each rank holds every other problem, as SweepRunner deals them
+        rows = slice(rank, None, 2)  # each rank holds every other problem, as a Sweep deals them
         metric.update(b, t, correct[rows], lengths[rows], truncated[rows])
     results[rank] = {name: value.item() for name, value in metric.compute().items()}
     dist.destroy_process_group()
