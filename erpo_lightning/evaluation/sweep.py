@@ -222,8 +222,8 @@ class Sweep:
         Raises:
             DataError as `prepare_benchmarks` does, or when an `unaveraged` label is a benchmark's.
         """
-        tokenizer = self.prompts.tokenizer or self.sampler.tokenizer
         prompts = self.prompts
+        tokenizer = prompts.tokenizer or self.sampler.tokenizer
         benchmarks = prepare_benchmarks(self.config, tokenizer, prompts.template, prompts.max_prompt_length)
         averaged = [b.label for b in benchmarks]
         for extra in unaveraged or []:
