@@ -20,9 +20,9 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carri
 
 import torch  # noqa: E402
 
-from erpo_lightning.data import resolve_template  # noqa: E402
+from erpo_lightning.data import PromptFormat, resolve_template  # noqa: E402
 from erpo_lightning.data.sources import BENCHMARK_DIR
-from erpo_lightning.evaluation import Benchmark, SweepConfig, SweepMetric, SweepRunner, prepare_benchmarks  # noqa: E402
+from erpo_lightning.evaluation import Benchmark, Sweep, SweepConfig  # noqa: E402
 from erpo_lightning.rewards import MathReward  # noqa: E402
 from erpo_lightning.rollout import HFEngine, RolloutSampler, VLLMEngine  # noqa: E402
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model  # noqa: E402
@@ -43,11 +43,11 @@ def main() -> None:
     tokenizer = build_byte_tokenizer()
     config = SweepConfig(
         benchmarks=[Benchmark({"path": str(BENCHMARK_DIR / f"{name}.jsonl")}, k=args.k) for name in args.benchmarks],
-        temperatures=args.temperatures, max_problems=args.problems, batch_size=args.batch_size, progress=False,
+        temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, max_problems=args.problems,
+        batch_size=args.batch_size, progress=False,
     )  # fmt: skip
     # The tiny model has 1024 positions: prompt + response must fit.
-    max_prompt = 1024 - args.max_new_tokens
-    benchmarks = prepare_benchmarks(config, tokenizer, resolve_template("qwen25-math-cot"), max_prompt)
+    prompts = PromptFormat(resolve_template("qwen25-math-cot"), 1024 - args.max_new_tokens, tokenizer)
     reward = MathReward(num_workers=2)
     report = {
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
@@ -73,8 +73,7 @@ def main() -> None:
             )
             sampler = RolloutSampler(engine, reward, tokenizer=tokenizer)
             sampler.setup(policy)
-            metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
-            timing = SweepRunner(sampler).run(benchmarks, config, metric, args.max_new_tokens)
+            timing = Sweep(config, sampler, prompts).run(policy).timing
             report["engines"][name] = {key: round(value, 3) for key, value in timing.summary().items()}
             del engine
     report["load_average_1min_after"] = os.getloadavg()[0]

@@ -10,8 +10,11 @@ sets `model.temperature`, so the three always agree. The optimizer and its sched
 `model.lr_scheduler` (`class_path` + `init_args`; unset = AdamW with `model.learning_rate` and a linear warm-up of
 `model.warmup_steps`; see `erpo_lightning/modules/optim.py` for which setting wins).
 
-Settings are checked before anything is loaded (`check_settings`): a value outside its range, a misspelt top-level
-key, a model path without a model or a checkpoint that is not there is a one-line error naming the field.
+Settings are checked before anything is loaded (`check_settings`, which runs the owners' own checks, the ones their
+constructors run): a value outside its range, a misspelt top-level key, a model path without a model or a checkpoint
+that is not there is a one-line error naming the field. The CLI also wires the components together: a
+`TemperatureSweepCallback` and `validate`'s sweep sample with the `rollout:` group's sampler and render prompts in the
+`data:` group's `prompt_format()`.
 A list given on the command line (`--data.train "[{path: x.jsonl}]"`) replaces the config file's list.
 Errors print as one line plus a hint, parse errors (a choice typo) included; `ERPO_DEBUG=1` or `--debug` shows the
 traceback (`erpo_lightning.errors`).
@@ -26,7 +29,6 @@ config); locks the run's folders against a second run (`checkpointing.RunDirecto
 from __future__ import annotations
 
 import difflib
-import math
 import os
 import re
 import signal
@@ -50,6 +52,7 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
 from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
+from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback  # noqa: E402
 from erpo_lightning.checkpointing import (  # noqa: E402
     AtomicCheckpointIO,
     RunConfigRecorder,
@@ -61,6 +64,7 @@ from erpo_lightning.checkpointing import (  # noqa: E402
     run_folders,
 )
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
+from erpo_lightning.data.datamodule import check_data_settings  # noqa: E402
 from erpo_lightning.errors import (  # noqa: E402
     SettingsError,
     debug_requested,
@@ -68,10 +72,11 @@ from erpo_lightning.errors import (  # noqa: E402
     quiet_known_warnings,
     run_reporting_errors,
 )
-from erpo_lightning.evaluation import SweepConfig, run_validate  # noqa: E402
+from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule, check_module_settings  # noqa: E402
-from erpo_lightning.objectives import GROUP_ESTIMATORS  # noqa: E402
+from erpo_lightning.objectives import check_group_size  # noqa: E402
+from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402
 
 # Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
 # they replace it instead (each such flag is preceded by `<flag>=[]`).
@@ -150,6 +155,7 @@ class ERPOTrainer(Trainer):
         sweep: SweepConfig | None = None,
         compare_ckpt_paths: list[str] | None = None,
         include_base: bool = False,
+        sampler: RolloutSampler | None = None,
     ) -> list[dict[str, float]]:
         """Temperature sweep: Avg@k / Pass@1 / Pass@k per benchmark and temperature, table, results files, plot.
 
@@ -161,9 +167,14 @@ class ERPOTrainer(Trainer):
             sweep: benchmarks, temperatures, k, ... (`SweepConfig`).
             compare_ckpt_paths: more checkpoints, each evaluated and shown beside the first.
             include_base: also evaluate `model.model_path` itself, first.
+            sampler: samples and grades (engine, reward): a RolloutCallback's `sampler`; the CLI passes the
+                `rollout:` group's (no option of its own). The prompts take the datamodule's `prompt_format()`.
         """
+        if sampler is None:
+            raise ValueError("validate needs a sampler (engine and reward): pass sampler=<RolloutCallback>.sampler")
+        prompts = datamodule.prompt_format() if datamodule is not None else None
         checkpoints = [path for path in (ckpt_path, *(compare_ckpt_paths or [])) if path]
-        return run_validate(self, model, datamodule, sweep or SweepConfig(), checkpoints, include_base)
+        return run_validate(self, model, Sweep(sweep or SweepConfig(), sampler, prompts), checkpoints, include_base)
 
 
 class ERPOCLI(LightningCLI):
@@ -172,7 +183,7 @@ class ERPOCLI(LightningCLI):
         lightning_subcommands = LightningCLI.subcommands()  # test/predict have no meaning for RL training
         return {
             "fit": lightning_subcommands["fit"],
-            "validate": lightning_subcommands["validate"],
+            "validate": lightning_subcommands["validate"] | {"sampler"},  # given by `ERPOCLI.validate`, not an option
             "cache": {"model", "datamodule"},
         }
 
@@ -191,6 +202,10 @@ class ERPOCLI(LightningCLI):
                 check_top_level_keys(path, known)
             check_moved_keys(args[args.index(subcommand) + 1 :])
         self.config = parser.parse_args(_replacing_lists(args))
+
+    def validate(self, **kwargs: Any) -> list[dict[str, float]]:
+        """`erpo validate`: `ERPOTrainer.validate`, sampling with the `rollout:` group's sampler."""
+        return self.trainer.validate(**kwargs, sampler=self._get(self.config_init, "rollout").sampler)
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would replace the whole `model:` group with a checkpoint's hyperparameters, silently
@@ -223,7 +238,8 @@ class ERPOCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Resolve `--ckpt_path last / last_or_none`, refuse a resume whose settings differ from its checkpoint's run
-        beyond `RESUMABLE_FIELDS`, then lock the run's folders (the first process only)."""
+        beyond `RESUMABLE_FIELDS`, bind the configured sweep callbacks, then lock the run's folders (the first
+        process only)."""
         fit = self.config_init["fit"]
         fit["ckpt_path"] = ckpt_path = resolve_resume_path(self.trainer, fit.get("ckpt_path"))
         # The run's settings as plain data (what config.yaml holds): compared with a resumed checkpoint's run, and
@@ -231,6 +247,10 @@ class ERPOCLI(LightningCLI):
         config = yaml.safe_load(self._parser("fit").dump(self.config["fit"], skip_none=False))
         if ckpt_path is not None and Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
             check_resume_config(read_checkpoint(ckpt_path), config, ckpt_path)
+        rollout: RolloutCallback = self._get(self.config_init, "rollout")
+        for callback in self.trainer.callbacks:  # a sweep samples with the rollout's sampler, in the data's format
+            if isinstance(callback, TemperatureSweepCallback):
+                callback.bind(rollout.sampler, self.datamodule.prompt_format(), self.datamodule.prepare_queries)
         self.trainer.callbacks.append(RunConfigRecorder(config))
         if first_process():
             self.run_lock = RunDirectoryLock(run_folders(self.trainer)).acquire()
@@ -296,43 +316,27 @@ def check_moved_keys(args: list[str]) -> None:
             raise SettingsError(f"{key} has moved: w(q) is the algorithm's, set {MOVED_KEYS[key]}")
 
 
-def _at_least(config: Namespace, field: str, minimum: float, optional: bool = False) -> None:
-    value = config.get(field)
-    if value is None and optional:
-        return
-    if value is None or not math.isfinite(value) or value < minimum:
-        raise SettingsError(f"{field} must be >= {minimum:g}{' (or null)' if optional else ''}, got {value!r}")
-
-
 def check_settings(config: Namespace, subcommand: str) -> None:
     """Every check that needs no model, data or network beyond the model path's existence; SettingsError if one fails.
 
-    Runs before any class is instantiated: a bad value fails in a second, not after the reference cache is built.
+    Runs before any class is instantiated: a bad value fails in a second, not after the reference cache is built. The
+    range rules are the owners' own, the ones their constructors run (no rule is restated here).
     """
     check_model_path(str(config.model.model_path))
+    model = config.model
     try:
         check_rollout_settings(config.rollout.as_dict())
-    except ValueError as error:
-        raise SettingsError(str(error)) from None
-    for field, minimum in (("data.batch_size", 1), ("data.max_prompt_length", 1), ("data.num_workers", 0)):
-        _at_least(config, field, minimum)
-    for field in ("data.cache_max_tokens", "data.cache_batch_size", "data.cache_chunk_size"):
-        _at_least(config, field, 1)
-    model = config.model
-    try:  # the module's own checks (its fields, the optimizer's and nan_policy's), as its constructor runs them
+        check_data_settings(config.data.as_dict())
+        # The module's fields, the optimizer's and nan_policy's, then the algorithm's (e.g. query_weight_source
+        # 'current' with query_weight_norm 'dataset').
         check_module_settings(model.as_dict())
-    except ValueError as error:
-        raise SettingsError(str(error)) from None
-    try:  # the algorithm's own checks, e.g. query_weight_source 'current' with query_weight_norm 'dataset'
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
+        if subcommand == "fit":  # what the module checks against the RolloutCallback at fit start
+            check_group_size(algorithm.advantage_estimator, config.rollout.group_size)
+        if config.get("sweep") is not None:  # `validate`'s: SweepConfig's own checks, on the parsed values
+            SweepConfig(**config.sweep.as_dict())
     except ValueError as error:
         raise SettingsError(str(error)) from None
-    estimator = algorithm.advantage_estimator
-    if subcommand == "fit" and estimator in GROUP_ESTIMATORS and config.rollout.group_size < 2:
-        raise SettingsError(
-            f"rollout.group_size must be >= 2 with the {estimator!r} advantage estimator (it compares the responses "
-            f"of one query), got {config.rollout.group_size}"
-        )
     keywords = RESUME_KEYWORDS if subcommand == "fit" else ()  # `validate` reads the files it is given
     for field in ("ckpt_path", "compare_ckpt_paths"):
         values = config.get(field) or []

@@ -11,21 +11,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from erpo_lightning.data import DataError, resolve_template
+from erpo_lightning.data import DataError, PromptFormat, resolve_template
 from erpo_lightning.evaluation import (
     Benchmark,
     PreparedBenchmark,
+    Sweep,
     SweepConfig,
     SweepMetric,
     SweepRun,
-    SweepRunner,
     pass_at_k,
     plot_accuracy,
     prepare_benchmarks,
     result_rows,
     write_results,
 )
-from erpo_lightning.evaluation.sweep import declare_sweep_context
 from erpo_lightning.rollout import HFEngine, Sample, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.sampler import RolloutSampler
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
@@ -102,7 +101,7 @@ def _distributed_worker(rank, port, cells, results):
     dist.init_process_group("gloo", rank=rank, world_size=2)
     metric = SweepMetric(["a", "b"], [0.5, 1.5], pass_ks=[2, 2])
     for (b, t), (correct, lengths, truncated) in cells.items():
-        rows = slice(rank, None, 2)  # each rank holds every other problem, as SweepRunner deals them
+        rows = slice(rank, None, 2)  # each rank holds every other problem, as a Sweep deals them
         metric.update(b, t, correct[rows], lengths[rows], truncated[rows])
     results[rank] = {name: value.item() for name, value in metric.compute().items()}
     dist.destroy_process_group()
@@ -128,10 +127,20 @@ def test_metric_reduces_across_ranks_to_the_single_process_numbers():
 class ScriptedEngine:
     """Answers every prompt with `\\boxed{<gold>}` on even sample indices and `\\boxed{none}` on odd ones."""
 
-    def __init__(self, tokenizer, answers_by_prompt):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.answers_by_prompt = answers_by_prompt
+        self.answers_by_prompt = {}
         self.calls = []
+        self.events = []
+
+    def sync_weights(self, policy):
+        self.events.append("sync")
+
+    def wake_up(self):
+        self.events.append("wake_up")
+
+    def sleep(self):
+        self.events.append("sleep")
 
     def generate(self, prompt_ids, settings):
         self.calls.append((len(prompt_ids), settings))
@@ -149,43 +158,77 @@ def exact_reward(responses, golds):
     return [float(r == f"\\boxed{{{g}}}") for r, g in zip(responses, golds, strict=True)]
 
 
-def test_runner_batches_by_temperature_and_k_and_grades():
-    tokenizer = build_byte_tokenizer()
-    benchmarks = [
-        PreparedBenchmark("four", 4, 2, [tokenizer.encode(f"q{i}") for i in range(5)], [str(i) for i in range(5)]),
-        PreparedBenchmark("three", 3, 3, [tokenizer.encode(f"p{i}") for i in range(3)], ["x", "y", "z"]),
-        PreparedBenchmark("also4", 4, 4, [tokenizer.encode("r0")], ["7"]),
-    ]
-    answers = {tuple(ids): gold for b in benchmarks for ids, gold in zip(b.prompt_ids, b.answers, strict=True)}
-    engine = ScriptedEngine(tokenizer, answers)
-    config = SweepConfig(temperatures=[0.2, 1.4], batch_size=4, seed=3, progress=False)
-    metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
-    sampler = RolloutSampler(engine, exact_reward, tokenizer=tokenizer)
-    timing = SweepRunner(sampler).run(benchmarks, config, metric, max_new_tokens=16)
+def _benchmark_file(tmp_path, name, problems, answers):
+    path = tmp_path / f"{name}.jsonl"
+    rows = [{"problem": problem, "answer": answer} for problem, answer in zip(problems, answers, strict=True)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return {"path": str(path)}
 
+
+def test_sweep_batches_by_temperature_and_k_and_grades(tmp_path):
+    tokenizer = build_byte_tokenizer()
+    config = SweepConfig(
+        [
+            Benchmark(_benchmark_file(tmp_path, "four", [f"q{i}" for i in range(5)], [str(i) for i in range(5)]), 4, 2),
+            Benchmark(_benchmark_file(tmp_path, "three", ["p0", "p1", "p2"], ["x", "y", "z"]), 3),
+            Benchmark(_benchmark_file(tmp_path, "also4", ["r0"], ["7"]), 4),
+        ],
+        temperatures=[0.2, 1.4], max_new_tokens=16, batch_size=4, seed=3, progress=False,
+    )  # fmt: skip
+    engine = ScriptedEngine(tokenizer)
+    sampler = RolloutSampler(engine, exact_reward, tokenizer=tokenizer)
+    sweep = Sweep(config, sampler, PromptFormat(resolve_template("plain"), 64))
+    benchmarks = sweep.prepare()
+    engine.answers_by_prompt = {
+        tuple(ids): gold for b in benchmarks for ids, gold in zip(b.prompt_ids, b.answers, strict=True)
+    }
+    result = sweep.run(torch.nn.Linear(1, 1))
+
+    assert engine.events == ["wake_up", "sync", "sleep"]  # the policy's weights reach the engine first
     # Per temperature: the 6 k=4 problems of two benchmarks share calls (chunks of 4 + 2), k=3 gets one call.
     assert [(size, s.n, s.temperature) for size, s in engine.calls] == [
         (4, 4, 0.2), (2, 4, 0.2), (3, 3, 0.2), (4, 4, 1.4), (2, 4, 1.4), (3, 3, 1.4)
     ]  # fmt: skip
     assert all(s.max_new_tokens == 16 and s.top_p == 1.0 for _, s in engine.calls)
     assert len({s.seed for _, s in engine.calls}) == len(engine.calls)
+    timing, values = result.timing, result.values
     assert timing.problems == 2 * 9 and timing.samples == 2 * (6 * 4 + 3 * 3)
-    values = metric.compute()
     assert values["val/avg@k/four/T=0.2"].item() == pytest.approx(0.5)  # 2 of 4 samples right
     assert values["val/avg@k/three/T=1.4"].item() == pytest.approx(2 / 3)
     assert values["val/pass@k/four/T=0.2"].item() == pytest.approx(pass_at_k(4, 2, 2))
     assert values["val/pass@k/three"].item() == pytest.approx(1.0)
-    assert metric.problems.sum().item() == 2 * 9
+    assert sweep.metric.problems.sum().item() == 0  # reset for the next run
+    again = sweep.run(torch.nn.Linear(1, 1))  # a second run gives the same numbers, not twice the counts
+    assert again.timing.problems == timing.problems
+    assert {k: v.item() for k, v in again.values.items()} == pytest.approx(
+        {k: v.item() for k, v in values.items()}, nan_ok=True
+    )
+
+
+def test_sweep_keeps_unaveraged_benchmarks_out_of_the_mean(tmp_path):
+    tokenizer = build_byte_tokenizer()
+    config = SweepConfig(
+        [Benchmark(_benchmark_file(tmp_path, "held_out", ["a0"], ["1"]), 2)], temperatures=[1.0], progress=False
+    )
+    sweep = Sweep(config, RolloutSampler(ScriptedEngine(tokenizer), exact_reward, tokenizer=tokenizer))
+    train = PreparedBenchmark("train", 2, 2, [tokenizer.encode("t0")], ["5"])
+    assert [b.label for b in sweep.prepare([train])] == ["held_out", "train"]
+    assert sweep.metric.mean_over == [0]
+    clash = PreparedBenchmark("held_out", 2, 2, [tokenizer.encode("t0")], ["5"])
+    with pytest.raises(DataError, match="a benchmark is labelled 'held_out', the name of another evaluated set"):
+        sweep.prepare([clash])
 
 
 def test_sweep_context_is_the_prompt_limit_plus_the_response_cap():
     engine = VLLMEngine()
     sampler = RolloutSampler(engine, exact_reward, SamplingSettings(max_new_tokens=30))
-    declare_sweep_context(sampler, None, SweepConfig(max_prompt_length=100, max_new_tokens=7))
-    assert engine.required_context == 107  # no datamodule: the sweep's own prompt limit and cap
-    declare_sweep_context(sampler, None, SweepConfig(max_prompt_length=90))
-    assert engine.required_context == 120  # no sweep cap: the rollout's 30; the longest declaration wins
-    declare_sweep_context(RolloutSampler(HFEngine(), exact_reward), None, SweepConfig())  # no fixed context: a no-op
+    Sweep(SweepConfig(max_prompt_length=100, max_new_tokens=7), sampler).declare_context()
+    assert engine.required_context == 107  # no prompt format: the sweep's own prompt limit and cap
+    Sweep(SweepConfig(max_new_tokens=7), sampler, PromptFormat(resolve_template("plain"), 90)).declare_context()
+    assert engine.required_context == 107  # the training data's limit wins; the longest declaration is kept
+    Sweep(SweepConfig(max_prompt_length=95), sampler).declare_context()
+    assert engine.required_context == 125  # no sweep cap: the rollout's 30
+    Sweep(SweepConfig(), RolloutSampler(HFEngine(), exact_reward)).declare_context()  # no fixed context: a no-op
 
 
 def test_missing_or_malformed_benchmark_is_named(tmp_path, benchmarks_dir):

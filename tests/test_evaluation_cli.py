@@ -13,7 +13,7 @@ from test_rollout_callback import ParityReward, PolicyModule
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback
 from erpo_lightning.data import QueryDataModule
-from erpo_lightning.evaluation import Benchmark, SweepConfig, run_validate
+from erpo_lightning.evaluation import Benchmark, Sweep, SweepConfig, run_validate
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine, VLLMEngine
 from erpo_lightning.tiny_qwen2 import load_tiny_model
@@ -112,6 +112,7 @@ def test_sweep_callback_logs_per_temperature_and_the_gap(tmp_path, tiny_model_pa
     )  # fmt: skip
     sweeper = TemperatureSweepCallback(sweep, every_n_steps=2, train_sample_size=3, train_k=2)
     rollout = RolloutCallback(HFEngine(), ParityReward(), group_size=2, max_new_tokens=4, seed=0)
+    sweeper.bind(rollout.sampler, datamodule.prompt_format(), datamodule.prepare_queries)
     logger = pl.loggers.CSVLogger(tmp_path)
     trainer = pl.Trainer(
         max_steps=2, accelerator="cpu", callbacks=[rollout, sweeper], logger=logger, log_every_n_steps=1,
@@ -142,7 +143,9 @@ def test_validate_sizes_the_engine_to_prompt_limit_plus_response_cap(
         [Benchmark({"path": str(benchmarks_dir / "gsm8k.jsonl")}, k=1)], temperatures=[1.0], max_new_tokens=sweep_cap,
         max_problems=1, output_dir=str(tmp_path / "sweep"), progress=False,
     )  # fmt: skip
-    run_validate(trainer, ERPOModule(str(tiny_model_path)), datamodule, sweep, [])
+    run_validate(
+        trainer, ERPOModule(str(tiny_model_path)), Sweep(sweep, rollout.sampler, datamodule.prompt_format()), []
+    )
     assert engine.built_with == 400 + (sweep_cap or 3)
 
 
@@ -161,6 +164,7 @@ def test_sweep_callback_declares_its_context_before_the_engine_is_built(tmp_path
         RolloutCallback(engine, ParityReward(), group_size=2, max_new_tokens=4),
         TemperatureSweepCallback(sweep),
     ]
+    callbacks[1].bind(callbacks[0].sampler, datamodule.prompt_format(), datamodule.prepare_queries)
     trainer = pl.Trainer(
         max_steps=1, accelerator="cpu", callbacks=callbacks, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,

@@ -38,12 +38,16 @@ def fit(model_path, data_file, root, max_steps, module, reward, callbacks=()):
         str(model_path), [{"path": str(data_file), "limit": 8}], template="plain", max_prompt_length=1024,
         batch_size=2, cache_dir=str(root / "cache"),
     )  # fmt: skip
+    rollout = RolloutCallback(HFEngine(), reward, group_size=2, max_new_tokens=6, seed=0)
+    for callback in callbacks:  # wired as the erpo CLI wires them
+        if isinstance(callback, TemperatureSweepCallback):
+            callback.bind(rollout.sampler, data.prompt_format(), data.prepare_queries)
     trainer = ERPOTrainer(
         max_steps=max_steps, accelerator="cpu", logger=pl.loggers.CSVLogger(root), log_every_n_steps=1,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=any(
             isinstance(c, ModelCheckpoint) for c in callbacks
         ),
-        callbacks=[RolloutCallback(HFEngine(), reward, group_size=2, max_new_tokens=6, seed=0), *callbacks],
+        callbacks=[rollout, *callbacks],
     )  # fmt: skip
     try:
         trainer.fit(module, datamodule=data)

@@ -23,7 +23,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from erpo_lightning.callbacks.rollout import RolloutCallback
 from erpo_lightning.checkpointing import AtomicCheckpointIO, partial_path, resolve_resume_path
 from erpo_lightning.cli import ERPOProgressBar, ERPOTrainer, main
+from erpo_lightning.data import QueryDataModule
 from erpo_lightning.errors import DEBUG_HINT, SettingsError, one_line, quiet_known_warnings
+from erpo_lightning.evaluation import SweepConfig
+from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
 
 TESTS = Path(__file__).parent
@@ -99,6 +102,78 @@ def test_bad_settings_fail_before_anything_loads(config, capsys, tmp_path, overr
     line = fails_in_one_line(capsys, "fit", "--config", str(config), *overrides)
     assert message in line
     assert not (tmp_path / "cache").exists()  # the reference cache was not built
+
+
+def _reward(responses, golds):
+    return [0.0] * len(responses)
+
+
+def _module_with_groups(model_path, group_size, **settings):
+    """What the module checks against the configured RolloutCallback at fit start (before anything loads)."""
+    ERPOModule(str(model_path), **settings).check_components([RolloutCallback(HFEngine(), _reward, group_size)])
+
+
+# (erpo flags, the same bad value given to the owner's constructor): the owner raises the CLI's line, word for word.
+OWNER_CASES = [
+    (["--rollout.group_size", "0"], lambda path: RolloutCallback(HFEngine(), _reward, group_size=0)),
+    (["--rollout.max_new_tokens", "0"], lambda path: RolloutCallback(HFEngine(), _reward, max_new_tokens=0)),
+    (["--rollout.top_p", "0"], lambda path: RolloutCallback(HFEngine(), _reward, top_p=0.0)),
+    (["--rollout.group_size", "1"], lambda path: _module_with_groups(path, 1)),
+    (
+        ["--model.algorithm", "rloo", "--rollout.group_size", "1"],
+        lambda path: _module_with_groups(path, 1, algorithm="rloo"),
+    ),
+    (["--data.batch_size", "0"], lambda path: QueryDataModule(str(path), batch_size=0)),
+    (["--data.max_prompt_length", "0"], lambda path: QueryDataModule(str(path), max_prompt_length=0)),
+    (["--data.num_workers", "-1"], lambda path: QueryDataModule(str(path), num_workers=-1)),
+    (["--data.cache_max_tokens", "0"], lambda path: QueryDataModule(str(path), cache_max_tokens=0)),
+    (["--data.cache_batch_size", "0"], lambda path: QueryDataModule(str(path), cache_batch_size=0)),
+    (["--data.cache_chunk_size", "0"], lambda path: QueryDataModule(str(path), cache_chunk_size=0)),
+    (["--model.micro_batch_tokens", "0"], lambda path: ERPOModule(str(path), micro_batch_tokens=0)),
+    (["--model.num_iterations", "0"], lambda path: ERPOModule(str(path), num_iterations=0)),
+    (["--model.update_batch_size", "0"], lambda path: ERPOModule(str(path), update_batch_size=0)),
+    (["--model.warmup_steps", "-1"], lambda path: ERPOModule(str(path), warmup_steps=-1)),
+    (["--model.weight_decay", "-0.1"], lambda path: ERPOModule(str(path), weight_decay=-0.1)),
+    (["--model.gradient_clip_norm", "0"], lambda path: ERPOModule(str(path), gradient_clip_norm=0.0)),
+    (["--model.loss_constant", "0"], lambda path: ERPOModule(str(path), loss_constant=0.0)),
+    (["--model.max_consecutive_skips", "0"], lambda path: ERPOModule(str(path), max_consecutive_skips=0)),
+    (["--model.dtype", "float16"], lambda path: ERPOModule(str(path), dtype="float16")),
+    (["--model.advantage_eps", "-1"], lambda path: ERPOModule(str(path), advantage_eps=-1.0)),
+    (["--model.query_weight_source", "current"], lambda path: ERPOModule(str(path), query_weight_source="current")),
+    (["--model.query_weight_clip", "[2.0, 1.0]"], lambda path: ERPOModule(str(path), query_weight_clip=(2.0, 1.0))),
+]
+
+
+@pytest.mark.parametrize(("overrides", "construct"), OWNER_CASES, ids=[" ".join(case[0]) for case in OWNER_CASES])
+def test_owners_constructors_raise_the_clis_line(config, capsys, tiny_model_path, overrides, construct):
+    """The Python API gets the checks `erpo` runs, from the same rule: the constructor's message is the CLI's line."""
+    line = fails_in_one_line(capsys, "fit", "--config", str(config), *overrides)
+    with pytest.raises(ValueError) as raised:
+        construct(tiny_model_path)
+    assert f"erpo: error: {raised.value}" == line
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "settings"),
+    [("--sweep.top_p", "0", {"top_p": 0.0}), ("--sweep.batch_size", "0", {"batch_size": 0})],
+)
+def test_sweep_config_raises_the_clis_line(config, capsys, tmp_path, flag, value, settings):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"sweep": {"benchmarks": [{"source": {"name": "math500"}}]}}))
+    line = fails_in_one_line(capsys, "validate", "--config", str(config), "--config", str(sweep), flag, value)
+    with pytest.raises(ValueError) as raised:
+        SweepConfig(**settings)
+    assert line.endswith(str(raised.value)), (line, raised.value)
+
+
+def test_constructing_the_datamodule_loads_nothing(tmp_path, tiny_model_path):
+    """Settings are checked in the constructor; the tokenizer loads on first use (a missing model is not read yet)."""
+    absent = QueryDataModule(str(tmp_path / "no_model_here"))
+    assert "tokenizer" not in vars(absent)
+    datamodule = QueryDataModule(str(tiny_model_path), template="plain", max_prompt_length=77)
+    prompts = datamodule.prompt_format()
+    assert prompts.tokenizer is datamodule.tokenizer and prompts.max_prompt_length == 77
+    assert prompts.template == datamodule.template
 
 
 def test_reinforce_accepts_one_response_per_query(config, capsys):

@@ -1,14 +1,16 @@
 """TemperatureSweepCallback: every N training steps, a (small) temperature sweep and the train-vs-eval gap.
 
-It samples and grades with the RolloutCallback's `RolloutSampler` (engine weights synced to the current policy
-first). Besides the eval benchmarks it evaluates a fixed random sample of training queries (labelled `train`, left
-out of the `mean` over benchmarks) and logs `train_eval_gap[/<temperatures>]` = Avg@k on that sample − mean Avg@k
-over the eval benchmarks: a policy that only gets better on the training queries shows a growing gap.
+It drives a `Sweep` with the RolloutCallback's `RolloutSampler` (engine weights synced to the current policy first),
+given by `bind` (the erpo CLI binds it to the `rollout:` and `data:` groups). Besides the eval benchmarks it evaluates
+a fixed random sample of training queries (labelled `train`, left out of the `mean` over benchmarks) and logs
+`train_eval_gap[/<temperatures>]` = Avg@k on that sample − mean Avg@k over the eval benchmarks: a policy that only
+gets better on the training queries shows a growing gap.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +19,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from erpo_lightning.evaluation.sweep import (
-    PreparedBenchmark,
-    SweepConfig,
-    SweepRunner,
-    declare_sweep_context,
-    find_sampler,
-    prepare_benchmarks,
-    prompt_settings,
-    response_cap,
-)
-from erpo_lightning.evaluation.sweep_metrics import (
-    MEAN,
-    SweepMetric,
-    metric_name,
-    temperature_groups,
-    temperature_label,
-)
+from erpo_lightning.data.prepare import PreparedQueries, PromptFormat
+from erpo_lightning.evaluation.sweep import PreparedBenchmark, Sweep, SweepConfig
+from erpo_lightning.evaluation.sweep_metrics import MEAN, metric_name, temperature_groups, temperature_label
 from erpo_lightning.rollout.sampler import RolloutSampler
 
 TRAIN = "train"
@@ -51,6 +39,8 @@ class TemperatureSweepCallback(pl.Callback):
         run_at_start: also sweep before the first training step (the starting point, logged at step 0).
         run_at_end: also sweep after the last step, and print a before/after table (with `run_at_start`) plus the
             final Query-KL; written to `<log_dir>/sweep_summary.json` too.
+
+    `bind` gives it the sampler, prompt format and training queries before `fit` (the erpo CLI does).
     """
 
     def __init__(
@@ -77,14 +67,37 @@ class TemperatureSweepCallback(pl.Callback):
         self.train_sample_seed = train_sample_seed
         self.run_at_start, self.run_at_end = run_at_start, run_at_end
         self.history: list[tuple[int, dict[str, float]]] = []  # (global step, values) of every sweep
-        self.benchmarks: list[PreparedBenchmark] | None = None
-        self.metric: SweepMetric | None = None
+        self.runner: Sweep | None = None
+        self._training_queries: Callable[[], PreparedQueries] | None = None
         self._batches = 0
+
+    def bind(
+        self,
+        sampler: RolloutSampler,
+        prompts: PromptFormat | None = None,
+        training_queries: Callable[[], PreparedQueries] | None = None,
+    ) -> None:
+        """Give the sweep what it samples with, before `fit`.
+
+        Args:
+            sampler: the RolloutCallback's `sampler` (engine, reward, tokenizer), which training sets up.
+            prompts: the training data's prompt format (`QueryDataModule.prompt_format()`); None = the sweep config's
+                `template` and `max_prompt_length` with the sampler's tokenizer.
+            training_queries: returns the prepared training set (`QueryDataModule.prepare_queries`), from which the
+                fixed sample of `train_sample_size` queries is drawn; needed when `train_sample_size > 0`.
+        """
+        self.runner = Sweep(self.sweep, sampler, prompts)
+        self._training_queries = training_queries
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Declare the sweep's longest sequence to the engine: `setup` runs before any callback's `on_fit_start`,
         where the RolloutCallback builds the engine."""
-        declare_sweep_context(find_sampler(trainer), getattr(trainer, "datamodule", None), self.sweep)
+        if self.runner is None:
+            raise ValueError(
+                "TemperatureSweepCallback has no sampler: call bind(rollout.sampler, datamodule.prompt_format(), "
+                "datamodule.prepare_queries) before fit (the erpo CLI binds it to the rollout: and data: groups)"
+            )
+        self.runner.declare_context()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run_at_start and trainer.global_step == 0:
@@ -112,22 +125,10 @@ class TemperatureSweepCallback(pl.Callback):
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
         """One sweep of the current policy on every rank's share of the problems; the global metrics."""
-        sampler = find_sampler(trainer)
-        if self.benchmarks is None:
-            self._prepare(trainer, sampler)
-        engine = sampler.engine
-        engine.wake_up()
-        engine.sync_weights(pl_module.policy)  # every rank: a collective under sharding
-        self.metric.to(pl_module.device)
-        counters = getattr(sampler.reward, "counters", dict)
-        counters()  # what the rollout graded since its last log is not the sweep's
-        max_new_tokens = response_cap(self.sweep, sampler)
-        timing = SweepRunner(sampler).run(
-            self.benchmarks, self.sweep, self.metric, max_new_tokens, trainer.global_rank, trainer.world_size
-        )
-        engine.sleep()
-        values = self.metric.compute()
-        self.metric.reset()
+        if self.runner.benchmarks is None:
+            self.runner.prepare(self._training_sample())
+        result = self.runner.run(pl_module.policy, trainer.global_rank, trainer.world_size, pl_module.device)
+        values = result.values
         if self.train_sample_size > 0:
             groups = [temperature_label(t) for t in self.sweep.temperatures] + list(
                 temperature_groups(self.sweep.temperatures)
@@ -137,32 +138,25 @@ class TemperatureSweepCallback(pl.Callback):
                     values[metric_name("val", "avg@k", TRAIN, group)] - values[metric_name("val", "avg@k", MEAN, group)]
                 )
                 values["train_eval_gap" if group == "all" else f"train_eval_gap/{group}"] = gap
-        values["val/problems_per_s"] = torch.tensor(timing.summary()["problems_per_s"])
-        values.update({f"val/grader_{key}": torch.tensor(float(value)) for key, value in counters().items()})
+        values["val/problems_per_s"] = torch.tensor(result.timing.summary()["problems_per_s"])
+        values.update({f"val/grader_{key}": torch.tensor(float(value)) for key, value in result.grader.items()})
         self.history.append((trainer.global_step, {name: float(value) for name, value in values.items()}))
         return values
 
-    def _prepare(self, trainer: pl.Trainer, sampler: RolloutSampler) -> None:
-        """Tokenize the benchmarks with the training template and draw the fixed sample of training queries."""
-        datamodule = getattr(trainer, "datamodule", None)
-        template, tokenizer, max_prompt_length = prompt_settings(datamodule, self.sweep, sampler.tokenizer)
-        self.benchmarks = prepare_benchmarks(self.sweep, tokenizer, template, max_prompt_length)
-        labels = [b.label for b in self.benchmarks]
-        if self.train_sample_size > 0:
-            data = getattr(datamodule, "data", None)
-            if data is None:
-                raise ValueError("train_sample_size > 0 needs a QueryDataModule (its prepared training queries)")
-            if TRAIN in labels:
-                raise ValueError(f"a benchmark is labelled {TRAIN!r}, the name of the training sample: relabel it")
-            generator = torch.Generator().manual_seed(self.train_sample_seed)
-            rows = torch.randperm(len(data.queries), generator=generator)[: self.train_sample_size].tolist()
-            self.benchmarks.append(
-                PreparedBenchmark(TRAIN, self.train_k, self.train_k, [list(data.prompt_ids[i]) for i in rows],
-                                  [data.queries[i].answer for i in rows])
-            )  # fmt: skip
-        self.metric = SweepMetric(
-            [b.label for b in self.benchmarks], self.sweep.temperatures, [b.pass_k for b in self.benchmarks], labels
-        )
+    def _training_sample(self) -> list[PreparedBenchmark]:
+        """The fixed random sample of `train_sample_size` training queries, as one benchmark (none when 0)."""
+        if self.train_sample_size == 0:
+            return []
+        if self._training_queries is None:
+            raise ValueError(
+                "TemperatureSweepCallback train_sample_size > 0 needs the training queries: "
+                "bind(..., training_queries=datamodule.prepare_queries), or set train_sample_size: 0"
+            )
+        data = self._training_queries()
+        generator = torch.Generator().manual_seed(self.train_sample_seed)
+        rows = torch.randperm(len(data.queries), generator=generator)[: self.train_sample_size].tolist()
+        prompts, answers = [list(data.prompt_ids[i]) for i in rows], [data.queries[i].answer for i in rows]
+        return [PreparedBenchmark(TRAIN, self.train_k, self.train_k, prompts, answers)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"batches": self._batches, "history": self.history}

@@ -14,7 +14,7 @@ from erpo_lightning.data.datamodule import (
     policy_compute_dtype,
 )
 from erpo_lightning.data.fingerprint import CacheMismatchError
-from erpo_lightning.data.prepare import PreparedQueries, prepare_queries
+from erpo_lightning.data.prepare import PreparedQueries, PromptFormat, prepare_queries
 from erpo_lightning.data.reference_logprobs import (
     LogprobBatching,
     assemble,
@@ -31,6 +31,7 @@ __all__ = [
     "CacheMismatchError",
     "DataError",
     "PreparedQueries",
+    "PromptFormat",
     "PromptTemplate",
     "Query",
     "QueryDataModule",

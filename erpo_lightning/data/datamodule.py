@@ -10,15 +10,17 @@ from __future__ import annotations
 import shutil
 import sys
 import warnings
+from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from erpo_lightning.data.cache import (
     SCORES_FILE,
@@ -30,7 +32,7 @@ from erpo_lightning.data.cache import (
     write_cache,
 )
 from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fingerprint_digest
-from erpo_lightning.data.prepare import Overlong, PreparedQueries, prepare_queries
+from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat, prepare_queries
 from erpo_lightning.data.reference_logprobs import (
     Gather,
     LogprobBatching,
@@ -46,6 +48,26 @@ from erpo_lightning.rollout.batch import QueryBatch
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_CACHE_ROOT = cache_home() / "reference"
+# (field, smallest allowed value) of the data module's counts.
+_SETTING_MINIMUMS: tuple[tuple[str, int], ...] = (
+    ("batch_size", 1),
+    ("max_prompt_length", 1),
+    ("num_workers", 0),
+    ("cache_max_tokens", 1),
+    ("cache_batch_size", 1),
+    ("cache_chunk_size", 1),
+)
+
+
+def check_data_settings(settings: Mapping[str, Any]) -> None:
+    """ValueError naming the first `data.` setting outside its allowed range (`data.<field> must be >= n, got v`).
+
+    `settings` maps QueryDataModule's parameter names to values (the constructor's arguments, or the CLI's parsed
+    `data:` group before anything is built); a name missing from it is not checked.
+    """
+    for name, minimum in _SETTING_MINIMUMS:
+        if name in settings and not (settings[name] is not None and settings[name] >= minimum):
+            raise ValueError(f"data.{name} must be >= {minimum}, got {settings[name]!r}")
 
 
 @rank_zero_only
@@ -69,6 +91,9 @@ def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
 
 class QueryDataModule(LightningDataModule):
     """Training queries for RLVR with ERPO's frozen-reference query log-probs (the weights w(q) are the module's).
+
+    The constructor only checks the settings (`check_data_settings`, as `erpo` does before anything loads); the
+    tokenizer loads on first use, the data and the cache in `setup`.
 
     Args:
         model_path: local directory or Hub id of the initial policy: its tokenizer renders the prompts and its
@@ -120,6 +145,7 @@ class QueryDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_data_settings(self.hparams)
         self.model_path = model_path
         self.sources = list(train or [])
         self.template = resolve_template(template, use_chat_template, system_prompt, suffix)
@@ -128,7 +154,6 @@ class QueryDataModule(LightningDataModule):
         self.cache_dir, self.cache_force = cache_dir, cache_force
         self.cache_dtype, self.cache_device, self.cache_engine = cache_dtype, cache_device, cache_engine
         self.score_settings = LogprobBatching(cache_max_tokens, cache_batch_size, cache_chunk_size)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.data: PreparedQueries | None = None
         self.cache: ReferenceLogprobCache | None = None
         self.batch_sampler: QueryBatchSampler | None = None
@@ -136,6 +161,15 @@ class QueryDataModule(LightningDataModule):
         self._resume_position: dict | None = None  # from a checkpoint, used by the next train_dataloader()
 
     # -- data ------------------------------------------------------------------------------------------------------
+
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The initial policy's tokenizer, loaded on first use (constructing the module loads nothing)."""
+        return AutoTokenizer.from_pretrained(self.model_path)
+
+    def prompt_format(self) -> PromptFormat:
+        """The training prompts' template, length limit and tokenizer (loads the tokenizer)."""
+        return PromptFormat(self.template, self.max_prompt_length, self.tokenizer)
 
     def prepare_queries(self) -> PreparedQueries:
         """Load, validate and tokenize the training set (once)."""

@@ -19,6 +19,24 @@ from erpo_lightning.data.templates import PromptTemplate, tokenize_prompts
 Overlong = Literal["drop", "error"]
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How prompts are rendered and bounded: a template, the longest prompt in tokens, and the tokenizer.
+
+    The training data's (`QueryDataModule.prompt_format()`) is also what the temperature sweep renders its benchmarks
+    with, so that eval prompts look like training prompts.
+
+    Attributes:
+        template: the prompt preset, resolved.
+        max_prompt_length: longest prompt in tokens (template included).
+        tokenizer: renders the prompts; None = the rollout sampler's (loaded when it is set up).
+    """
+
+    template: PromptTemplate
+    max_prompt_length: int
+    tokenizer: PreTrainedTokenizerBase | None = None
+
+
 @dataclass
 class PreparedQueries:
     """The training set. `queries[i]` and `prompt_ids[i]` are row i of the dataset and of the reference cache."""

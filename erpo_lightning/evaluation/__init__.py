@@ -4,8 +4,9 @@ from erpo_lightning.evaluation.report import SweepRun, plot_accuracy, print_tabl
 from erpo_lightning.evaluation.sweep import (
     Benchmark,
     PreparedBenchmark,
+    Sweep,
     SweepConfig,
-    SweepRunner,
+    SweepResult,
     SweepTiming,
     prepare_benchmarks,
 )
@@ -15,10 +16,11 @@ from erpo_lightning.evaluation.validate import load_policy_weights, run_validate
 __all__ = [
     "Benchmark",
     "PreparedBenchmark",
+    "Sweep",
     "SweepConfig",
     "SweepMetric",
+    "SweepResult",
     "SweepRun",
-    "SweepRunner",
     "SweepTiming",
     "load_policy_weights",
     "metric_name",

@@ -1,9 +1,9 @@
 """The temperature sweep: benchmarks × temperatures × k samples, generated with a rollout engine and graded.
 
-`SweepConfig` is the one settings object of `erpo validate` and of `TemperatureSweepCallback`. `SweepRunner` samples
-and grades with the training run's `RolloutSampler` (engine, reward, tokenizer) and feeds a `SweepMetric`: for each
-temperature it sends every problem of every benchmark with the same k through the engine in chunks of
-`batch_size` prompts, so a sweep is a handful of large engine calls and the engine is never rebuilt.
+`SweepConfig` is the one settings object of `erpo validate` and of `TemperatureSweepCallback`, and `Sweep` the one
+object both drive: it samples and grades with the training run's `RolloutSampler` (engine, reward, tokenizer) into a
+`SweepMetric`. For each temperature it sends every problem of every benchmark with the same k through the engine in
+chunks of `batch_size` prompts, so a sweep is a handful of large engine calls and the engine is never rebuilt.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from time import perf_counter
-from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from erpo_lightning.data.prepare import prepare_queries
+from erpo_lightning.data.prepare import PromptFormat, prepare_queries
 from erpo_lightning.data.sources import DataError, SourceSpec, describe, resolve_spec
 from erpo_lightning.data.templates import PromptTemplate, resolve_template
 from erpo_lightning.evaluation.sweep_metrics import SweepMetric
@@ -62,8 +61,10 @@ class SweepConfig:
         batch_size: prompts per engine call (each expands to k samples).
         output_dir: where `erpo validate` writes results.json / results.csv / the plot; None = the trainer's log
             directory.
-        template: prompt preset used only when no datamodule gives one (the training template always wins).
-        max_prompt_length: longest eval prompt in tokens when no datamodule gives one; a longer one is an error.
+        template: prompt preset used only when the sweep is given no `PromptFormat` (the erpo CLI gives the training
+            data's, which then wins).
+        max_prompt_length: longest eval prompt in tokens, likewise only without a `PromptFormat`; a longer one is an
+            error.
         progress: show a progress bar over the sweep (rank 0).
     """
 
@@ -172,30 +173,105 @@ class SweepTiming:
         }
 
 
-class SweepRunner:
-    """Generates and grades sweeps with one `RolloutSampler` (the training run's: its engine, reward, tokenizer,
-    stop strings / ids and correctness threshold; the sweep's own top_p, top_k and response cap)."""
+@dataclass
+class SweepResult:
+    """One sweep of one policy: the global metric values (`SweepMetric.compute()` names), this rank's throughput, and
+    the grader's counters over the sweep (the reward's `counters()`; empty without one)."""
 
-    def __init__(self, sampler: RolloutSampler) -> None:
+    values: dict[str, torch.Tensor]
+    timing: SweepTiming
+    grader: dict[str, float]
+
+
+class Sweep:
+    """A temperature sweep: every benchmark × temperature × k, sampled and graded with a `RolloutSampler`.
+
+    `erpo validate` and `TemperatureSweepCallback` drive it alike: `declare_context()` before the sampler's engine is
+    built, `prepare()` once the tokenizer is there (or let the first `run` do it), then `run(policy, rank, world_size)`
+    per evaluation.
+
+    Args:
+        config: benchmarks, temperatures, k, top_p / top_k, response cap, seed, chunking.
+        sampler: the training run's sampler (`rollout:`: engine, reward, tokenizer, stop strings / ids, correctness
+            threshold); the sweep's own top_p, top_k and response cap replace its.
+        prompts: template, prompt limit and tokenizer of the eval prompts, the training data's
+            (`QueryDataModule.prompt_format()`); None = `config.template` and `config.max_prompt_length` with the
+            sampler's tokenizer.
+    """
+
+    def __init__(self, config: SweepConfig, sampler: RolloutSampler, prompts: PromptFormat | None = None) -> None:
+        self.config = config
         self.sampler = sampler
+        self.prompts = prompts or PromptFormat(resolve_template(config.template), config.max_prompt_length)
+        self.max_new_tokens = config.max_new_tokens or sampler.settings.max_new_tokens
+        self.benchmarks: list[PreparedBenchmark] | None = None
+        self.metric: SweepMetric | None = None
+
+    def declare_context(self) -> None:
+        """Tell the sampler's engine, before it is built, the sweep's longest sequence: prompt limit + response cap.
+
+        A VLLMEngine then sizes `max_model_len` (and its KV cache) to what the sweep generates instead of the model's
+        whole context; once built, an engine too short for the sweep raises an error naming `max_model_len`.
+        """
+        declare_context(self.sampler.engine, self.prompts.max_prompt_length + self.max_new_tokens)
+
+    def prepare(self, unaveraged: list[PreparedBenchmark] | None = None) -> list[PreparedBenchmark]:
+        """Load and tokenize the benchmarks (after `sampler.setup`, when the prompts bring no tokenizer) and make the
+        metric; `unaveraged` benchmarks (e.g. a sample of training queries) are evaluated too but left out of `mean`.
+
+        Raises:
+            DataError as `prepare_benchmarks` does, or when an `unaveraged` label is a benchmark's.
+        """
+        prompts = self.prompts
+        tokenizer = prompts.tokenizer or self.sampler.tokenizer
+        benchmarks = prepare_benchmarks(self.config, tokenizer, prompts.template, prompts.max_prompt_length)
+        averaged = [b.label for b in benchmarks]
+        for extra in unaveraged or []:
+            if extra.label in averaged:
+                raise DataError(
+                    f"a benchmark is labelled {extra.label!r}, the name of another evaluated set (the sample of "
+                    "training queries): relabel it"
+                )
+            benchmarks.append(extra)
+        self.benchmarks = benchmarks
+        self.metric = SweepMetric(
+            [b.label for b in benchmarks], self.config.temperatures, [b.pass_k for b in benchmarks], averaged
+        )
+        return benchmarks
 
     def run(
-        self,
-        benchmarks: list[PreparedBenchmark],
-        config: SweepConfig,
-        metric: SweepMetric,
-        max_new_tokens: int,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> SweepTiming:
-        """Evaluate rank `rank`'s share of every problem at every temperature into `metric` (index order of both).
+        self, policy: torch.nn.Module, rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu"
+    ) -> SweepResult:
+        """Sweep `policy` (its weights pushed into the engine first; a collective under sharding) on rank `rank`'s
+        share of the problems; the global values.
 
-        Problems are dealt to ranks round-robin; the metric's sum reduction puts the shares back together.
+        Problems are dealt to ranks round-robin; the metric, kept on `device` (the one the ranks reduce on), puts the
+        shares back together.
         """
+        if self.benchmarks is None:
+            self.prepare()
+        engine = self.sampler.engine
+        engine.wake_up()
+        engine.sync_weights(policy)
+        self.metric.to(device)
+        counters = getattr(self.sampler.reward, "counters", dict)  # `counters()` is optional (rewards/protocol.py)
+        counters()  # what was graded before (the rollout since its last log, an earlier run) is not this sweep's
+        timing = self._sample_and_grade(rank, world_size)
+        engine.sleep()
+        values = self.metric.compute()
+        self.metric.reset()
+        grader = counters()
+        release_free_heap()  # the sweep's buffers: see erpo_lightning/memory.py
+        return SweepResult(values, timing, grader)
+
+    def _sample_and_grade(self, rank: int, world_size: int) -> SweepTiming:
+        """Evaluate rank `rank`'s share of every problem at every temperature into the metric (index order of both),
+        each temperature's problems with the same k in chunks of `batch_size` prompts: one engine call per chunk."""
+        config, benchmarks = self.config, self.benchmarks
         timing = SweepTiming()
         start = perf_counter()
-        sampler = self.sampler.with_settings(top_p=config.top_p, top_k=config.top_k, max_new_tokens=max_new_tokens)
-        # Work items (benchmark index, problem index) of this rank, grouped by k: one engine call per chunk.
+        sampler = self.sampler.with_settings(top_p=config.top_p, top_k=config.top_k, max_new_tokens=self.max_new_tokens)
+        # Work items (benchmark index, problem index) of this rank, grouped by k.
         by_k: dict[int, list[tuple[int, int]]] = {}
         for b, bench in enumerate(benchmarks):
             by_k.setdefault(bench.k, []).extend((b, i) for i in range(rank, len(bench.prompt_ids), world_size))
@@ -217,11 +293,10 @@ class SweepRunner:
                         temperature,
                         seed,
                     )
-                    _record(graded, part, t, metric, timing)
+                    _record(graded, part, t, self.metric, timing)
                     bar.update(len(part))
         bar.close()
         timing.wall_s = perf_counter() - start
-        release_free_heap()  # the sweep's buffers: see erpo_lightning/memory.py
         return timing
 
 
@@ -238,41 +313,3 @@ def _record(
     timing.tokens += int(lengths.sum())
     timing.generate_s += graded.generate_s
     timing.grade_s += graded.grade_s
-
-
-def find_sampler(trainer: Any) -> RolloutSampler:
-    """The RolloutSampler a callback of the trainer holds (the `rollout:` group's): the sweep samples and grades
-    with it, as training does."""
-    for callback in trainer.callbacks:
-        sampler = getattr(callback, "sampler", None)
-        if isinstance(sampler, RolloutSampler):
-            return sampler
-    raise ValueError("a temperature sweep needs the `rollout:` config group (a RolloutCallback: engine and reward)")
-
-
-def prompt_limit(datamodule: Any, config: SweepConfig) -> int:
-    """The longest eval prompt in tokens: the training data's `max_prompt_length` when a datamodule has one, else
-    the config's."""
-    return getattr(datamodule, "max_prompt_length", None) or config.max_prompt_length
-
-
-def response_cap(config: SweepConfig, sampler: RolloutSampler) -> int:
-    """The sweep's `max_new_tokens`: its own, else the rollout's."""
-    return config.max_new_tokens or sampler.settings.max_new_tokens
-
-
-def declare_sweep_context(sampler: RolloutSampler, datamodule: Any, config: SweepConfig) -> None:
-    """Tell the sampler's engine, before it is built, the sweep's longest sequence: prompt limit + response cap.
-
-    A VLLMEngine then sizes `max_model_len` (and its KV cache) to what the sweep generates instead of the model's
-    whole context; once built, an engine too short for the sweep raises an error naming `max_model_len`.
-    """
-    declare_context(sampler.engine, prompt_limit(datamodule, config) + response_cap(config, sampler))
-
-
-def prompt_settings(
-    datamodule: Any, config: SweepConfig, tokenizer: PreTrainedTokenizerBase
-) -> tuple[PromptTemplate, PreTrainedTokenizerBase, int]:
-    """(template, tokenizer, max prompt length) of the training data when a datamodule has them, else the config's."""
-    template = getattr(datamodule, "template", None) or resolve_template(config.template)
-    return template, getattr(datamodule, "tokenizer", None) or tokenizer, prompt_limit(datamodule, config)

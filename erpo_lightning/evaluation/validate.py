@@ -1,8 +1,8 @@
 """`erpo validate`: the temperature sweep of a Hugging Face model directory and/or Lightning checkpoints.
 
-The policy is the training config's (`model:`); engine, reward and tokenizer are its `rollout:` group's, sampled and
-graded through that group's `RolloutSampler` (set up here on the policy, no training hooks run); the prompts use the
-training template (`data:`), so "Base" rows and trained rows are measured the same way.
+The policy is the training config's (`model:`); the `Sweep` samples and grades through the `rollout:` group's
+`RolloutSampler` (set up here on the policy, no training hooks run) and renders the prompts in the training data's
+`PromptFormat` (`data:`), so "Base" rows and trained rows are measured the same way; the erpo CLI wires both in.
 """
 
 from __future__ import annotations
@@ -15,16 +15,7 @@ import torch
 from rich.console import Console
 
 from erpo_lightning.evaluation.report import PLOT_PNG, SweepRun, plot_accuracy, print_tables, result_rows, write_results
-from erpo_lightning.evaluation.sweep import (
-    SweepConfig,
-    SweepRunner,
-    declare_sweep_context,
-    find_sampler,
-    prepare_benchmarks,
-    prompt_settings,
-    response_cap,
-)
-from erpo_lightning.evaluation.sweep_metrics import SweepMetric
+from erpo_lightning.evaluation.sweep import Sweep
 from erpo_lightning.modules.sharding import is_sharded_checkpoint, load_sharded_policy
 
 BASE = "base"
@@ -82,42 +73,38 @@ def run_labels(ckpt_paths: list[str], include_base: bool) -> list[tuple[str, str
 def run_validate(
     trainer: Any,
     model: Any,
-    datamodule: Any,
-    config: SweepConfig,
+    sweep: Sweep,
     ckpt_paths: list[str],
     include_base: bool = False,
     console: Console | None = None,
 ) -> list[dict[str, float]]:
     """Sweep every run (base and/or checkpoints), print the tables, write results.json / .csv and the plot.
 
+    Args:
+        trainer: gives the device and the default output folder (its log directory); one device only.
+        model: an ERPOModule: its policy is loaded here and each checkpoint's weights are loaded into it.
+        sweep: the sweep, with its sampler (not yet set up) and prompt format.
     Returns:
         one dict of metric values per run (names as logged, see docs/evaluation.md).
     """
     if trainer.world_size > 1:
         raise ValueError("erpo validate runs on one device (trainer.devices: 1); vLLM batches the sweep on it")
-    sampler = find_sampler(trainer)
+    config, sampler = sweep.config, sweep.sampler
     model.configure_model()
     policy = model.policy.to(trainer.strategy.root_device)
-    declare_sweep_context(sampler, datamodule, config)
+    sweep.declare_context()
     sampler.setup(policy)  # loads the tokenizer and sets the engine up on the policy
-    runner = SweepRunner(sampler)
-    template, tokenizer, max_prompt_length = prompt_settings(datamodule, config, sampler.tokenizer)
-    benchmarks = prepare_benchmarks(config, tokenizer, template, max_prompt_length)
-    max_new_tokens = response_cap(config, sampler)
-    counters = getattr(sampler.reward, "counters", dict)
+    benchmarks = sweep.prepare()
 
     runs = []
     for label, ckpt_path in run_labels(ckpt_paths, include_base):
         if ckpt_path is not None:
             load_policy_weights(policy, ckpt_path)
-        sampler.engine.wake_up()
-        sampler.engine.sync_weights(policy)
-        metric = SweepMetric([b.label for b in benchmarks], config.temperatures, [b.pass_k for b in benchmarks])
-        counters()  # drop counts from before this run
-        timing = runner.run(benchmarks, config, metric, max_new_tokens)
-        sampler.engine.sleep()
-        values = {name: value.item() for name, value in metric.compute().items()}
-        runs.append(SweepRun(label, model.hparams.model_path, ckpt_path, values, timing.summary(), counters()))
+        result = sweep.run(policy)
+        values = {name: value.item() for name, value in result.values.items()}
+        runs.append(
+            SweepRun(label, model.hparams.model_path, ckpt_path, values, result.timing.summary(), result.grader)
+        )
 
     rows = [row for run in runs for row in result_rows(run, benchmarks, config.temperatures)]
     output_dir = Path(config.output_dir or trainer.log_dir or trainer.default_root_dir)

@@ -227,11 +227,7 @@ class ERPOModule(L.LightningModule):
                     f"{sampling.temperature}: the loss needs the log-probs of the distribution the rollouts were "
                     "sampled from; set both to the same value (the erpo CLI links rollout.temperature to it)"
                 )
-            if self.algorithm.advantage_estimator in obj.GROUP_ESTIMATORS and sampling.n < 2:
-                raise ValueError(
-                    f"rollout.group_size must be >= 2 with the {self.algorithm.advantage_estimator!r} advantage "
-                    f"estimator (it compares the responses of one query), got {sampling.n}"
-                )
+            obj.check_group_size(self.algorithm.advantage_estimator, sampling.n)
 
     def on_fit_start(self) -> None:
         if self.reference_cache is None:

@@ -34,14 +34,19 @@ class LinearWarmup(LambdaLR):
     then constant (warmup_steps 0 = constant from the first step)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 0, last_epoch: int = -1) -> None:
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.check_steps(warmup_steps)
         self.warmup_steps = warmup_steps
 
         def factor(step: int) -> float:
             return min(1.0, (step + 1) / (warmup_steps + 1))
 
         super().__init__(optimizer, factor, last_epoch)
+
+    @staticmethod
+    def check_steps(warmup_steps: int, field: str = "warmup_steps") -> None:
+        """ValueError naming `field` when the ramp length is negative."""
+        if warmup_steps < 0:
+            raise ValueError(f"{field} must be >= 0, got {warmup_steps}")
 
 
 def check_optimizer_settings(
@@ -66,8 +71,7 @@ def check_optimizer_settings(
             "model.warmup_steps (a warm-up from the config: class_path erpo_lightning.modules.optim.LinearWarmup, "
             "init_args.warmup_steps)"
         )
-    if warmup_steps < 0:
-        raise ValueError(f"model.warmup_steps must be >= 0, got {warmup_steps}")
+    LinearWarmup.check_steps(warmup_steps, "model.warmup_steps")
     for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ValueError(f"model.{name} must be >= 0 (or null), got {value!r}")
