@@ -42,7 +42,7 @@ def test_group_advantages_rejects_bad_shapes():
     with pytest.raises(ValueError, match="multiple of group_size"):
         obj.group_advantages(torch.zeros(7), 4)
     for estimator in ("grpo", "dr_grpo", "rloo"):  # a group of one has no baseline; the error names the estimator
-        with pytest.raises(ValueError, match=f"estimator '{estimator}' needs group_size >= 2"):
+        with pytest.raises(ValueError, match=f"group_size must be >= 2 with the '{estimator}' advantage estimator"):
             obj.group_advantages(torch.zeros(4), 1, estimator)
     reinforce = obj.group_advantages(torch.tensor([1.0, 3.0]), 1, "reinforce")  # groups play no part: r - batch mean
     torch.testing.assert_close(reinforce, torch.tensor([-1.0, 1.0]))

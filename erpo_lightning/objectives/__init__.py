@@ -15,7 +15,13 @@ never changes a result. Functions that normalise (means over tokens, sequences o
 the *global* batch: then summing the per-micro-batch losses gives exactly the full-batch loss.
 """
 
-from erpo_lightning.objectives.advantages import DEFAULT_ADVANTAGE_EPS, GROUP_ESTIMATORS, Estimator, group_advantages
+from erpo_lightning.objectives.advantages import (
+    DEFAULT_ADVANTAGE_EPS,
+    GROUP_ESTIMATORS,
+    Estimator,
+    check_group_size,
+    group_advantages,
+)
 from erpo_lightning.objectives.kl import (
     DEFAULT_KL_CLAMP,
     QUERY_KL_TOLERANCE,
@@ -64,6 +70,7 @@ __all__ = [
     "QueryWeightNorm",
     "QueryWeightSource",
     "aggregate",
+    "check_group_size",
     "group_advantages",
     "k3_level_log_ratios",
     "kl_penalty",

@@ -13,6 +13,16 @@ GROUP_ESTIMATORS: tuple[Estimator, ...] = ("grpo", "dr_grpo", "rloo")
 DEFAULT_ADVANTAGE_EPS = 1e-6
 
 
+def check_group_size(estimator: Estimator, group_size: int, field: str = "group_size") -> None:
+    """ValueError when `estimator` takes its baseline from the other responses of a query (`GROUP_ESTIMATORS`) and a
+    group has fewer than 2; `field` is the setting the message names (e.g. `rollout.group_size`)."""
+    if estimator in GROUP_ESTIMATORS and group_size < 2:
+        raise ValueError(
+            f"{field} must be >= 2 with the {estimator!r} advantage estimator (it compares the responses of one "
+            f"query), got {group_size}"
+        )
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_size: int,
@@ -41,10 +51,7 @@ def group_advantages(
         )
     if estimator == "reinforce":
         return rewards - rewards.mean()
-    if estimator in GROUP_ESTIMATORS and group_size < 2:
-        raise ValueError(
-            f"estimator {estimator!r} needs group_size >= 2 (got {group_size}): a group of one has no baseline"
-        )
+    check_group_size(estimator, group_size)
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if estimator == "grpo":
