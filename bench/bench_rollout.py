@@ -56,10 +56,12 @@ def time_engines(engines: dict, policy, prompts: list[list[int]], settings: Samp
     report = {}
     for name, samples in last.items():
         tokens = sum(len(s.token_ids) for group in samples for s in group)
-        batch = assemble_batch(prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), 0)
+        batch = assemble_batch(
+            prompts, samples, torch.zeros(tokens), torch.zeros(len(prompts)), 0, settings.temperature
+        )
         with torch.no_grad():
             trainer = response_logprobs(
-                policy, batch.input_ids, batch.attention_mask, batch.prompt_length, settings.temperature
+                policy, batch.input_ids, batch.attention_mask, batch.prompt_length, batch.temperature
             )
         diff = (trainer - batch.sampling_logprobs).abs()[batch.response_mask.bool()]
         report[name] = {

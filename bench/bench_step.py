@@ -69,7 +69,7 @@ def rollout_batch(args, vocab_size: int) -> QueryBatch:
         )
     rewards = torch.randint(0, 2, (args.queries * args.group_size,), generator=generator).float()
     query_index = torch.arange(args.queries)
-    rollout = assemble_batch(prompts, samples, rewards, query_index, pad_token_id=0)
+    rollout = assemble_batch(prompts, samples, rewards, query_index, pad_token_id=0, temperature=1.0)
     return QueryBatch(query_index, prompts, [""] * args.queries, rollout=rollout)
 
 

@@ -117,7 +117,7 @@ def run_ours(args, algorithm: str) -> dict:
     prompts, answers = make_prompts(args.queries * (args.steps + 1))
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     module = ERPOModule(
-        str(model_path), algorithm=algorithm, learning_rate=args.lr, weight_decay=0.0, temperature=1.0,
+        str(model_path), algorithm=algorithm, learning_rate=args.lr, weight_decay=0.0,
         gradient_clip_norm=1.0,
     )  # fmt: skip
     module.configure_model()

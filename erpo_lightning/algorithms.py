@@ -7,6 +7,12 @@ of the rollout callback: see `configs/`. docs/erpo.md compares `erpo` and `erpo_
 
 from __future__ import annotations
 
+import inspect
+import json
+import re
+import sys
+import textwrap
+import types
 import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
@@ -32,8 +38,11 @@ NO_CLIP = "none"
 class Algorithm(LossSettings):
     """Every loss-side knob (see `objectives.LossSettings` for the inherited ones), with the paper's ERPO defaults.
 
+    Each field has one entry below, `name: description` (read by `loss_setting_docs`).
+
     Attributes:
-        advantage_estimator: `grpo` | `dr_grpo` | `rloo` | `reinforce` (see `objectives.group_advantages`).
+        advantage_estimator: `grpo` (r - group mean) / (group std + eps), `dr_grpo` (r - group mean), `rloo`
+            (r - mean of the group's other rewards) or `reinforce` (r - batch mean) (`objectives.group_advantages`).
         advantage_eps: eps of the `grpo` estimator's (r - mean) / (std + eps).
         use_query_weights: multiply each query's policy-gradient terms by w(q) = clip(s̄ / s(q)) (w(q) is logged
             either way when it needs no extra forward).
@@ -42,8 +51,10 @@ class Algorithm(LossSettings):
             released code).
         query_weight_norm: s̄ is the mean over the whole training set (`dataset`, the paper; needs `reference`) or
             over the optimizer step's queries on all ranks (`batch`, the released code).
-        query_weight_clip: (lo, hi) clip of w(q), or None (unclipped, the released code).
-        weight_decay: AdamW weight decay (the module's `weight_decay`, when not set, takes it from here).
+        query_weight_clip: [lo, hi] clip of w(q), or None: unclipped (the released code; write `none` in a config,
+            where null keeps the preset's value).
+        weight_decay: AdamW weight decay of the default optimizer; with `model.optimizer` set, its `init_args` own
+            the decay and this is not applied (`modules/optim.py`).
     """
 
     advantage_estimator: Estimator = "grpo"
@@ -139,3 +150,96 @@ def resolve_algorithm(name: str, **overrides: Any) -> Algorithm:
     if changes.get("query_weight_clip") == NO_CLIP:
         changes["query_weight_clip"] = None
     return replace(ALGORITHMS[name], **changes)
+
+
+# ----------------------------------------------------------------------------- the fields' documentation, written once
+REFERENCE_COMMAND = "python -m erpo_lightning.algorithms > docs/loss_settings.md"
+_ENTRY = re.compile(r"^    (\w+): (.*)$")  # an `Attributes:` entry of a docstring after `inspect.cleandoc`
+
+
+def attribute_docs(cls: type) -> list[tuple[str, str]]:
+    """(name, description) of each entry of the `Attributes:` section of `cls`'s own docstring, in order, with the
+    description's lines joined by single spaces."""
+    lines = inspect.cleandoc(cls.__doc__ or "").partition("Attributes:\n")[2].splitlines()
+    entries: list[tuple[str, str]] = []
+    for line in lines:
+        entry = _ENTRY.match(line)
+        if entry:
+            entries.append((entry[1], entry[2]))
+        elif line.startswith("        ") and entries:
+            entries[-1] = (entries[-1][0], f"{entries[-1][1]} {line.strip()}")
+        else:
+            break
+    return entries
+
+
+def loss_setting_docs() -> dict[str, str]:
+    """{field: description} of every field of `Algorithm` that its docstring or `LossSettings`'s documents, in field
+    order: the one text behind the module's CLI help and docs/loss_settings.md."""
+    documented = dict(attribute_docs(LossSettings) + attribute_docs(Algorithm))
+    return {f.name: documented[f.name] for f in fields(Algorithm) if f.name in documented}
+
+
+def loss_setting_args_doc(indent: str = "        ") -> str:
+    """`Args:` docstring entries (Google style, 120 columns) of a class taking every `Algorithm` field as a keyword
+    override whose None keeps the preset's value, such as `ERPOModule`."""
+    wrapper = textwrap.TextWrapper(
+        width=120, initial_indent=indent, subsequent_indent=indent + "    ", break_long_words=False,
+        break_on_hyphens=False,
+    )  # fmt: skip
+    return "\n".join(
+        wrapper.fill(f"{name}: {doc} Unset (null): the preset's value.") for name, doc in loss_setting_docs().items()
+    )
+
+
+def _type_text(hint: Any) -> str:
+    """`hint` as a config author writes it: choices `a` | `b`, [float, float], null."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_text(member) for member in typing.get_args(hint))
+    if typing.get_origin(hint) is Literal:
+        return " | ".join(f"`{choice}`" for choice in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return f"[{', '.join(_type_text(member) for member in typing.get_args(hint))}]"
+    return "null" if hint is type(None) else f"`{hint.__name__}`"
+
+
+def _value_text(value: Any) -> str:
+    return f"`{value if isinstance(value, str) else json.dumps(value)}`"
+
+
+def loss_settings_markdown() -> str:
+    """docs/loss_settings.md: every `Algorithm` field with its type, its value in `erpo` and in the presets that set
+    it otherwise, and its docstring description (write it with REFERENCE_COMMAND)."""
+    hints = typing.get_type_hints(Algorithm)
+    out = [
+        "# Loss settings",
+        "",
+        "<!-- Generated from the docstrings of `objectives.LossSettings` and `algorithms.Algorithm`; regenerate with",
+        f"     {REFERENCE_COMMAND}",
+        "     (tests/test_loss_settings.py fails when this file differs). Edit the docstrings, not this file. -->",
+        "",
+        "Every field is a setting of the `model:` group (`--model.<field>`; a keyword argument of `ERPOModule` and",
+        "of the TRL `ERPOTrainer`). `model.algorithm` picks a preset (`algorithms.ALGORITHMS`); a field left unset",
+        "(null) keeps the preset's value. Each entry gives the field's type, its value in `erpo` (the paper's form)",
+        "and in the presets that set it otherwise; None in a description is null in a config.",
+    ]
+    for name, doc in loss_setting_docs().items():
+        default = getattr(ALGORITHMS["erpo"], name)
+        others: dict[str, list[str]] = {}
+        for preset, algorithm in ALGORITHMS.items():
+            if getattr(algorithm, name) != default:
+                others.setdefault(_value_text(getattr(algorithm, name)), []).append(f"`{preset}`")
+        values = "; ".join(f"{', '.join(presets)}: {value}" for value, presets in others.items())
+        out += [
+            "",
+            f"## `{name}`",
+            "",
+            f"{_type_text(hints[name])}. `erpo`: {_value_text(default)}" + (f"; {values}." if values else "."),
+            "",
+            *textwrap.wrap(doc, 120, break_long_words=False, break_on_hyphens=False),
+        ]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(loss_settings_markdown())

@@ -281,7 +281,8 @@ def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt
     wrote `checkpoint`, other than RESUMABLE_FIELDS, with both values.
 
     A checkpoint written without the CLI has no full config: its module hyperparameters are compared with the
-    fields of `model:` that this run's config holds (not those linked from another group, like `temperature`).
+    fields of `model:` that this run's config holds: a hyperparameter the module no longer has (`temperature`, before
+    the rollout batch carried it) is not compared.
     """
     saved = checkpoint.get(CONFIG_KEY)
     if saved is None:

@@ -5,10 +5,10 @@
     erpo fit --print_config                                   # every field, with its default
 
 The config has the usual LightningCLI groups (`trainer`, `model`, `data`) plus `rollout` (the RolloutCallback:
-engine, reward, group size, sampling). `model.model_path` also sets `data.model_path`, and `rollout.temperature`
-sets `model.temperature`, so the three always agree. The optimizer and its schedule are `model.optimizer` and
-`model.lr_scheduler` (`class_path` + `init_args`; unset = AdamW with `model.learning_rate` and a linear warm-up of
-`model.warmup_steps`; see `erpo_lightning/modules/optim.py` for which setting wins).
+engine, reward, group size, sampling). `model.model_path` also sets `data.model_path`; the sampling temperature is
+`rollout.temperature` alone (each rollout batch carries it to the module). The optimizer and its schedule are
+`model.optimizer` and `model.lr_scheduler` (`class_path` + `init_args`; unset = AdamW with `model.learning_rate` and a
+linear warm-up of `model.warmup_steps`; see `erpo_lightning/modules/optim.py` for which setting wins).
 
 Settings are checked before anything is loaded (`check_settings`, which runs the owners' own checks, the ones their
 constructors run): a value outside its range, a misspelt top-level key, a model path without a model or a checkpoint
@@ -190,7 +190,6 @@ class ERPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RolloutCallback, "rollout")
         parser.link_arguments("model.model_path", "data.model_path")
-        parser.link_arguments("rollout.temperature", "model.temperature")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Check the config files' top-level keys, then parse with command-line lists replacing the files' lists."""

@@ -13,6 +13,7 @@ def make_rollout(
     prompts: list[list[int]],
     responses: list[list[int]],
     rewards: list[float],
+    temperature: float,
     logprobs: list[list[float]] | None = None,
     query_index: list[int] | None = None,
     truncated: tuple[int, ...] = (),
@@ -22,6 +23,7 @@ def make_rollout(
 
     Args:
         rewards: [N] one per response.
+        temperature: T the responses were sampled at (the batch carries it; the module scores at it).
         logprobs: [N] lists, the sampling log-prob of each response token (None = zeros).
         query_index: [B] dataset rows of the prompts (None = 0..B-1).
         truncated: rows whose response hit the length cap.
@@ -36,7 +38,7 @@ def make_rollout(
         for b in range(len(prompts))
     ]
     index = torch.arange(len(prompts)) if query_index is None else torch.tensor(query_index)
-    return assemble_batch(prompts, samples, torch.tensor(rewards), index, pad_token_id)
+    return assemble_batch(prompts, samples, torch.tensor(rewards), index, pad_token_id, temperature)
 
 
 def with_rollout(rollout: RolloutBatch, prompts: list[list[int]] | None = None) -> QueryBatch:

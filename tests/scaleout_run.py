@@ -67,7 +67,7 @@ def global_batches(model: torch.nn.Module) -> list[RolloutBatch]:
             responses += [torch.randint(10, 250, (length,), generator=generator).tolist() for length in lengths]
         rewards = torch.randint(0, 2, (len(responses),), generator=generator).float().tolist()
         batch = make_rollout(
-            prompts, responses, rewards, query_index=[4 * step + q for q in range(4)], pad_token_id=PAD
+            prompts, responses, rewards, TEMPERATURE, query_index=[4 * step + q for q in range(4)], pad_token_id=PAD
         )
         with torch.no_grad():  # sampled by the initial policy: later steps are off-policy
             logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, TEMPERATURE)
@@ -151,7 +151,7 @@ def main() -> None:
     config = dict(CONFIGS[args.config])
     if "update_batch_size" in config:  # queries per optimizer step, per rank
         config["update_batch_size"] //= devices
-    module = ERPOModule(args.model_dir, temperature=TEMPERATURE, learning_rate=1e-3, **config)
+    module = ERPOModule(args.model_dir, learning_rate=1e-3, **config)
     module.reference_cache = reference_cache(initial, batches)
 
     strategy = {

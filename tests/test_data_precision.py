@@ -54,7 +54,7 @@ def test_the_reference_dtype_is_the_policys_compute_dtype(tiny_model_path, tmp_p
 def test_query_kl_of_the_first_step_is_zero_on_the_unchanged_policy(tiny_model_path, tmp_path, dtype):
     """One real `fit` step (cache built by the datamodule, rollouts by HF generate, ERPOModule's loss)."""
     datamodule = make_datamodule(tiny_model_path, tmp_path / "cache")
-    module = ERPOModule(str(tiny_model_path), dtype=dtype, temperature=1.0)
+    module = ERPOModule(str(tiny_model_path), dtype=dtype)
     rollout = RolloutCallback(
         HFEngine(), MathReward(num_workers=0), group_size=2, temperature=1.0, max_new_tokens=4, seed=0
     )

@@ -154,7 +154,7 @@ def test_module_erpo_released_loss_and_gradients_equal_the_restatement(tiny_mode
     batch = rollout_batch(tiny_model)
     batch.response_mask[1] = 0
     module = ERPOModule(
-        str(tiny_model_path), algorithm="erpo_released", temperature=TEMPERATURE, learning_rate=1e-3,
+        str(tiny_model_path), algorithm="erpo_released", learning_rate=1e-3,
         micro_batch_tokens=18, gradient_clip_norm=None, query_kl_tolerance=0.0,
     )  # fmt: skip
     module.reference_cache = shifted

@@ -109,8 +109,8 @@ def _reward(responses, golds):
 
 
 def _module_with_groups(model_path, group_size, **settings):
-    """What the module checks against the configured RolloutCallback at fit start (before anything loads)."""
-    ERPOModule(str(model_path), **settings).check_components([RolloutCallback(HFEngine(), _reward, group_size)])
+    """What the RolloutCallback checks against the module's algorithm at fit setup (before any model loads)."""
+    RolloutCallback(HFEngine(), _reward, group_size).setup(None, ERPOModule(str(model_path), **settings), "fit")
 
 
 # (erpo flags, the same bad value given to the owner's constructor): the owner raises the CLI's line, word for word.

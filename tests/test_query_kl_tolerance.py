@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 from fit_configs import csv_logger, fit_config, run_erpo, write_config
-from test_erpo_module import PROMPTS, TEMPERATURE, ReferenceLogprobs, fit_one_batch, rollout_batch
+from test_erpo_module import PROMPTS, ReferenceLogprobs, fit_one_batch, rollout_batch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.logprobs import gather_token_logprobs
@@ -52,7 +52,7 @@ def test_real_drift_is_still_pulled_back_with_zero_advantages(tiny_model_path, t
     reference = ReferenceLogprobs(tiny_model, PROMPTS)
     batch = rollout_batch(tiny_model)
     batch = type(batch)(**{**batch.__dict__, "rewards": torch.zeros_like(batch.rewards)})
-    module = ERPOModule(str(tiny_model_path), temperature=TEMPERATURE, learning_rate=2e-4, query_kl_coef=1.0)
+    module = ERPOModule(str(tiny_model_path), learning_rate=2e-4, query_kl_coef=1.0)
     module.reference_cache = reference
     drifted = {}
 

@@ -56,7 +56,7 @@ class RecordQueries(L.Callback):
 
 def run(model_path, data_file, root, max_steps, ckpt_path=None, num_queries=NUM_QUERIES):
     L.seed_everything(0)
-    module = ERPOModule(str(model_path), learning_rate=1e-3, temperature=1.0)
+    module = ERPOModule(str(model_path), learning_rate=1e-3)
     data = QueryDataModule(
         str(model_path), [{"path": str(data_file), "limit": num_queries}], template="plain",
         max_prompt_length=1024, batch_size=2, seed=5, cache_dir=str(root.parent / "cache"),

@@ -34,7 +34,7 @@ class RecordQueriesAndMetrics(L.Callback):
 
 def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0, extra_callbacks=()):
     L.seed_everything(0)
-    module = ERPOModule(str(model_path), learning_rate=1e-3, temperature=1.0)
+    module = ERPOModule(str(model_path), learning_rate=1e-3)
     data = QueryDataModule(
         str(model_path), [{"path": str(data_file), "limit": 12}], template="plain", max_prompt_length=1024,
         batch_size=2, cache_dir=str(root / "cache"),

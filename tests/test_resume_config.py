@@ -73,7 +73,7 @@ def test_a_checkpoint_without_the_cli_config_is_compared_by_its_module_settings(
             "query_weight_clip": (0.5, 2.0),
             "temperature": 1.0,
         }
-    }  # temperature: linked from rollout.temperature, not in the model group of the config
+    }  # temperature: a module hyperparameter until the rollout batch carried it; today's model group has none
     same = {"model": {"learning_rate": 1e-3, "algorithm": "erpo", "query_weight_clip": [0.5, 2.0]}}
     check_resume_config(checkpoint, {**same, "trainer": {"max_steps": 9}}, "old.ckpt")
     with pytest.raises(SettingsError, match="wrote old.ckpt in model.learning_rate: 0.001 -> 0.1. A resume"):
@@ -94,3 +94,33 @@ def test_a_sharded_checkpoint_folder_is_checked_through_its_metadata(tmp_path):
     with pytest.raises(SettingsError, match="was trained from model_path a, but model.model_path is b"):
         check_checkpoint_model(read_checkpoint(folder), "b", str(folder))
     assert read_checkpoint(tmp_path) == {}  # a folder without meta.pt: nothing to compare
+
+
+def test_a_checkpoint_whose_module_still_had_a_temperature_loads_and_resumes(tmp_path, tiny_model_path):
+    """Checkpoints written while the module held `temperature` (linked to rollout.temperature) carry it in their
+    hyperparameters and, when written by `erpo fit`, `rollout.temperature` in their config: both still load."""
+    import lightning
+
+    from erpo_lightning.modules.erpo_module import ERPOModule
+
+    module = ERPOModule(str(tiny_model_path), learning_rate=1e-3)
+    module.configure_model()
+    old_config = {"model": {"model_path": str(tiny_model_path), "learning_rate": 1e-3}, "rollout": {"temperature": 0.7}}
+    path = tmp_path / "old.ckpt"
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": {**module.hparams, "temperature": 0.7},
+            "erpo_config": old_config,
+            "pytorch-lightning_version": lightning.__version__,
+        },
+        path,
+    )
+    loaded = ERPOModule.load_from_checkpoint(path)
+    assert "temperature" not in loaded.hparams and loaded.hparams.learning_rate == 1e-3
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    checkpoint = torch.load(path, weights_only=True)
+    check_resume_config(checkpoint, old_config, str(path))  # the same run's settings: resumable
+    with pytest.raises(SettingsError, match=r"rollout.temperature: 0.7 -> 1.0"):
+        check_resume_config(checkpoint, {**old_config, "rollout": {"temperature": 1.0}}, str(path))

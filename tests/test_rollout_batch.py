@@ -2,10 +2,11 @@
 
 from dataclasses import fields, replace
 
+import pytest
 import torch
 from batches import make_rollout
 
-from erpo_lightning.rollout import Sample, assemble_batch, informative_groups, overlong_penalty
+from erpo_lightning.rollout import Sample, SamplingSettings, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.batch import RolloutBatch
 
 PAD = 0
@@ -23,6 +24,7 @@ def test_assemble_batch_matches_hand_built():
         torch.tensor([1.0, 0.0, 0.5, 0.25]),
         query_index=torch.tensor([7, 3]),
         pad_token_id=PAD,
+        temperature=0.7,
     )
     # P = 3 (left-padded prompts), R = 3 (right-padded responses); rows b·G + g.
     expected_ids = torch.tensor(
@@ -45,6 +47,7 @@ def test_assemble_batch_matches_hand_built():
     assert torch.equal(batch.attention_mask, expected_attention)
     assert batch.prompt_length == 3
     assert batch.group_size == 2
+    assert batch.temperature == 0.7
     assert torch.equal(batch.response_mask, torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]]))
     expected_logprobs = torch.tensor([[-0.1, -0.2, 0.0], [-0.3, 0.0, 0.0], [-0.4, -0.5, -0.6], [-0.7, -0.8, 0.0]])
     assert torch.equal(batch.sampling_logprobs, expected_logprobs)
@@ -57,7 +60,7 @@ def test_assemble_batch_matches_hand_built():
 
 
 def test_select_rows_slices_every_row_field_and_keeps_the_rest():
-    batch = make_rollout([[1, 2], [3]], [[4], [5, 6], [7], [8, 9, 10]], [1.0, 0.0, 0.0, 1.0], query_index=[5, 9])
+    batch = make_rollout([[1, 2], [3]], [[4], [5, 6], [7], [8, 9, 10]], [1.0, 0.0, 0.0, 1.0], 0.6, query_index=[5, 9])
     batch = replace(batch, advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]), old_logprobs=batch.sampling_logprobs + 1)
     rows = torch.tensor([1, 2])
     part = batch.select_rows(rows)
@@ -68,6 +71,16 @@ def test_select_rows_slices_every_row_field_and_keeps_the_rest():
         else:
             assert getattr(part, field.name) == value, field.name
     assert part.is_group_leader.tolist() == [False, True] and part.query_index.tolist() == [5, 9]
+    assert part.temperature == 0.6
+
+
+@pytest.mark.parametrize("temperature", [0.0, -0.5, float("nan"), float("inf")])
+def test_a_batch_sampled_at_a_temperature_without_log_probs_is_refused(temperature):
+    """T = 0 (greedy) has no sampling distribution to score the responses under: refused, not treated as greedy."""
+    with pytest.raises(ValueError, match=r"RolloutBatch.temperature must be > 0 and finite .*got"):
+        make_rollout([[1]], [[2], [3]], [1.0, 0.0], temperature)
+    with pytest.raises(ValueError, match=r"^temperature must be > 0 and finite .*got"):
+        SamplingSettings(temperature=temperature)
 
 
 def test_overlong_penalty_is_dapo_soft_punishment():

@@ -65,7 +65,8 @@ class PolicyModule(pl.LightningModule):
         rollout = batch.rollout
         self.batches.append(copy.deepcopy(rollout))
         width_p = rollout.prompt_length
-        logprobs = sequence_logprobs(self.policy, rollout.input_ids, rollout.attention_mask, TEMPERATURE)[:, width_p:]
+        scored = sequence_logprobs(self.policy, rollout.input_ids, rollout.attention_mask, rollout.temperature)
+        logprobs = scored[:, width_p:]
         advantages = rollout.rewards - rollout.rewards.mean()
         mask = rollout.response_mask
         return -(advantages[:, None] * logprobs * mask).sum() / mask.sum() + 0.1 * (logprobs * mask).mean()
@@ -132,7 +133,7 @@ def check_rollout_batch(batch: RolloutBatch, queries, tokenizer, reward: ParityR
     """The rollout's rows agree with each other and with the queries (`queries[i]`: prompt_ids, answers) they answer."""
     n = num_queries * GROUP_SIZE
     width_p = batch.prompt_length
-    assert batch.num_rows == n and batch.group_size == GROUP_SIZE
+    assert batch.num_rows == n and batch.group_size == GROUP_SIZE and batch.temperature == TEMPERATURE
     assert torch.equal(batch.is_group_leader, torch.arange(n) % GROUP_SIZE == 0)
     for row in range(n):
         query = queries[batch.query_index[row].item()]

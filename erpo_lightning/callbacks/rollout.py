@@ -20,14 +20,18 @@ from torch.utils.data import DataLoader
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.logprobs import response_logprobs
+from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.objectives import check_group_size
 from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import (
+    TEMPERATURE_RANGE,
     RolloutEngine,
     Sample,
     SamplingSettings,
     declare_context,
     eval_mode,
+    is_sampling_temperature,
     pad_token_id,
     rollout_seed,
 )
@@ -36,7 +40,7 @@ from erpo_lightning.rollout.sampler import RolloutSampler
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
 _SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("group_size", lambda v: v >= 1, ">= 1"),
-    ("temperature", lambda v: math.isfinite(v) and v > 0, "> 0 (the log-probs are those of the tempered policy)"),
+    ("temperature", is_sampling_temperature, TEMPERATURE_RANGE),
     ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("max_new_tokens", lambda v: v >= 1, ">= 1"),
@@ -160,6 +164,12 @@ class RolloutCallback(pl.Callback):
         self._timing = {"tokens": 0, "seconds": 0.0}
         self._first_step_checked = False  # the all-truncated warning is about this process's first step
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Refuse groups of one for an ERPOModule whose advantage estimator compares the responses of a group, before
+        any model is loaded or rollout generated (the datamodule's setup, which Lightning runs first, has run)."""
+        if stage == "fit" and isinstance(pl_module, ERPOModule):
+            check_group_size(pl_module.algorithm.advantage_estimator, self.settings.n)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists).
 
@@ -207,6 +217,7 @@ class RolloutCallback(pl.Callback):
             torch.cat([g.rewards for g in groups]),
             torch.tensor([g.query_index for g in groups]),
             pad_token_id(self.sampler.tokenizer),
+            self.settings.temperature,
         )
         if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
             metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
@@ -318,8 +329,6 @@ class RolloutCallback(pl.Callback):
     def _logprob_abs_diff(self, policy: torch.nn.Module, rollout: RolloutBatch, device: torch.device) -> float:
         """Mean |engine log-prob − policy log-prob| over the sampled response tokens, at the sampling temperature."""
         width_p = rollout.prompt_length
-        # Greedy engines report untempered log-probs.
-        temperature = self.settings.temperature or 1.0
         total, count = 0.0, 0
         size = self.logprob_check_micro_batch_size
         with eval_mode(policy):
@@ -330,7 +339,7 @@ class RolloutCallback(pl.Callback):
                     rollout.input_ids[rows].to(device),
                     rollout.attention_mask[rows].to(device),
                     width_p,
-                    temperature,
+                    rollout.temperature,
                 ).cpu()
                 mask = rollout.response_mask[rows].bool()
                 total += (logprobs - rollout.sampling_logprobs[rows]).abs()[mask].sum().item()

@@ -8,7 +8,6 @@ chunks of `batch_size` prompts, so a sweep is a handful of large engine calls an
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from erpo_lightning.data.sources import DataError, SourceSpec, describe, resolve
 from erpo_lightning.data.templates import PromptTemplate, resolve_template
 from erpo_lightning.evaluation.sweep_metrics import SweepMetric
 from erpo_lightning.memory import release_free_heap
-from erpo_lightning.rollout.engine import declare_context, derive_seed
+from erpo_lightning.rollout.engine import TEMPERATURE_RANGE, declare_context, derive_seed, is_sampling_temperature
 from erpo_lightning.rollout.sampler import GradedGroups, RolloutSampler
 
 DEFAULT_TEMPERATURES = [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5]
@@ -82,12 +81,9 @@ class SweepConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        bad = [t for t in self.temperatures if not (math.isfinite(t) and t > 0)]
+        bad = [t for t in self.temperatures if not is_sampling_temperature(t)]
         if bad:
-            raise ValueError(
-                f"sweep.temperatures: every temperature must be > 0 and finite (got {bad}); sampling at T <= 0 is not "
-                "defined (greedy decoding is not a temperature)"
-            )
+            raise ValueError(f"sweep.temperatures: every temperature must be {TEMPERATURE_RANGE} (got {bad})")
         for name, allowed, description in (
             ("max_new_tokens", lambda v: v is None or v >= 1, ">= 1 (or null)"),
             ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),

@@ -20,7 +20,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import Algorithm, AlgorithmName, resolve_algorithm
+from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.logprobs import (
     causal_lm_logits,
@@ -43,7 +43,6 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 # are checked by `optim.check_optimizer_settings`, nan_policy's by `NonFiniteGuard`, the algorithm's by
 # `resolve_algorithm`.
 _SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("temperature", lambda v: math.isfinite(v) and v > 0, "> 0"),
     ("num_iterations", lambda v: v >= 1, ">= 1"),
     ("update_batch_size", lambda v: v is None or v >= 1, ">= 1 (or null)"),
     ("micro_batch_tokens", lambda v: v >= 1, ">= 1"),
@@ -80,18 +79,17 @@ class ERPOModule(L.LightningModule):
     Args:
         model_path: local directory or Hub id of the initial policy (also the frozen reference θ0).
         algorithm: preset name (`erpo` (the paper), `erpo_released` (the authors' code), `grpo`, `grpo_kl`, `dapo`,
-            `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`); the keyword overrides from
-            `advantage_estimator` to `policy_kl_kind` replace single fields of the preset (None = keep; see
-            `algorithms.Algorithm`; `query_weight_clip: none` = unclipped). Every choice is checked here, before any
-            model is loaded.
-        temperature: sampling temperature of the rollouts; response log-probs are computed at it.
+            `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`). The keyword arguments named like the fields of
+            `algorithms.Algorithm` (`advantage_estimator` to `policy_kl_kind`, and `weight_decay`) replace single
+            fields of the preset (None = keep); their entries, after the others, are the fields' own docstrings
+            (`algorithms.loss_setting_args_doc`). Every choice is checked here, before any model is loaded.
         num_iterations: passes (PPO epochs) over each rollout batch.
         update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
         micro_batch_tokens: token budget of one forward (rows × longest row).
         loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), e.g. rollout.max_new_tokens; required
             by that aggregation.
-        learning_rate, weight_decay, warmup_steps: the default AdamW (learning_rate None = 1e-6, weight_decay None =
-            the preset's: 0.01 for `erpo_released`, else 0) and its linear warm-up (then constant), in optimizer steps.
+        learning_rate: learning rate of the default AdamW (None = 1e-6); its weight decay is `weight_decay`.
+        warmup_steps: optimizer steps of the default schedule's linear warm-up (then constant).
         optimizer, lr_scheduler: callables `params -> Optimizer` and `Optimizer -> LRScheduler` (in a config:
             `class_path` + `init_args`); None = the AdamW / `optim.LinearWarmup` above. Which setting wins: optim.py.
         gradient_clip_norm: max global grad norm, > 0 (None = no clipping).
@@ -129,7 +127,6 @@ class ERPOModule(L.LightningModule):
         query_weight_clip: tuple[float, float] | Literal["none"] | None = None,
         policy_kl_coef: float | None = None,
         policy_kl_kind: obj.KLKind | None = None,
-        temperature: float = 1.0,
         num_iterations: int = 1,
         update_batch_size: int | None = None,
         micro_batch_tokens: int = 16384,
@@ -208,27 +205,6 @@ class ERPOModule(L.LightningModule):
         if self.reference_cache is None and isinstance(datamodule, QueryDataModule):
             self.reference_cache = datamodule.cache  # built by the datamodule's setup, which Lightning runs first
 
-    def configure_callbacks(self) -> list:
-        # The first hook Lightning calls on every rank in fit, before the datamodule's setup builds the reference
-        # cache and configure_model loads weights: components that disagree fail here, in a second.
-        if self.trainer.state.fn == "fit":
-            self.check_components(self.trainer.callbacks)
-        return []
-
-    def check_components(self, callbacks: list) -> None:
-        """ValueError when the RolloutCallback samples at another temperature than the log-probs are computed at,
-        or gives groups of one to an advantage estimator that compares the responses of a group."""
-        from erpo_lightning.callbacks.rollout import RolloutCallback  # callbacks are a layer above this module
-
-        for sampling in (c.settings for c in callbacks if isinstance(c, RolloutCallback)):
-            if sampling.temperature != self.hparams.temperature:
-                raise ValueError(
-                    f"model.temperature {self.hparams.temperature} differs from the RolloutCallback's temperature "
-                    f"{sampling.temperature}: the loss needs the log-probs of the distribution the rollouts were "
-                    "sampled from; set both to the same value (the erpo CLI links rollout.temperature to it)"
-                )
-            obj.check_group_size(self.algorithm.advantage_estimator, sampling.n)
-
     def on_fit_start(self) -> None:
         if self.reference_cache is None:
             raise RuntimeError(
@@ -268,10 +244,10 @@ class ERPOModule(L.LightningModule):
 
     # --------------------------------------------------------------------------------------------- forward passes
     def _response_logprobs(self, model: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:
-        """[N, R] response log-probs at the sampling temperature, without grad (old policy, reference model)."""
+        """[N, R] response log-probs at the batch's sampling temperature, without grad (old policy, reference model)."""
         with torch.no_grad():
             return response_logprobs(
-                model, micro.input_ids, micro.attention_mask, micro.prompt_length, self.hparams.temperature
+                model, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature
             )
 
     @torch.no_grad()
@@ -324,10 +300,11 @@ class ERPOModule(L.LightningModule):
     def _micro_loss(self, micro: RolloutBatch, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (`objectives.rl_loss`), already divided by the global counts of its step."""
         prompt_length = micro.prompt_length
-        # One forward scores the prompt (at T = 1, for Query-KL) and the response; entropy from the same pass.
+        # One forward scores the prompt (at T = 1, for Query-KL) and the response (at the temperature it was sampled
+        # at); entropy from the same pass.
         logits = causal_lm_logits(self.policy, micro.input_ids, micro.attention_mask)
         token_logprobs, entropy = prompt_response_logprobs_and_entropy(
-            logits, micro.input_ids, prompt_length, self.hparams.temperature
+            logits, micro.input_ids, prompt_length, micro.temperature
         )
         query_lp, query_mask, response_lp, _ = obj.split_prompt_response(
             token_logprobs, micro.attention_mask, prompt_length
@@ -425,3 +402,7 @@ class ERPOModule(L.LightningModule):
         logged["train/policy_version"] = float(self.policy_version)
         logged["train/lr"] = self.optimizers().param_groups[0]["lr"]
         self.log_dict(logged, on_step=True, prog_bar=False, batch_size=1)
+
+
+# Each loss setting is documented once, in `Algorithm`'s docstrings; the CLI's help for `--model.<field>` reads it here.
+ERPOModule.__doc__ = f"{ERPOModule.__doc__.rstrip()}\n{loss_setting_args_doc()}\n"

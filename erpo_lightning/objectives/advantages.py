@@ -13,13 +13,13 @@ GROUP_ESTIMATORS: tuple[Estimator, ...] = ("grpo", "dr_grpo", "rloo")
 DEFAULT_ADVANTAGE_EPS = 1e-6
 
 
-def check_group_size(estimator: Estimator, group_size: int) -> None:
-    """ValueError when `estimator` takes its baseline from the other responses of a query and a group has fewer
-    than two (the group size is `rollout.group_size`)."""
+def check_group_size(estimator: Estimator, group_size: int, field: str = "rollout.group_size") -> None:
+    """ValueError when `estimator` takes its baseline from the other responses of a query (`GROUP_ESTIMATORS`) and a
+    group has fewer than 2; `field` is the setting the message names (e.g. `rollout.group_size`)."""
     if estimator in GROUP_ESTIMATORS and group_size < 2:
         raise ValueError(
-            f"rollout.group_size must be >= 2 with the {estimator!r} advantage estimator (it compares the responses "
-            f"of one query), got {group_size}"
+            f"{field} must be >= 2 with the {estimator!r} advantage estimator (it compares the responses of one "
+            f"query), got {group_size}"
         )
 
 

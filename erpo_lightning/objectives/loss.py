@@ -53,11 +53,22 @@ def split_prompt_response(
 class LossSettings:
     """The knobs of `rl_loss` (the loss side of an algorithm; `algorithms.Algorithm` extends it with presets).
 
+    Each field has one entry below, `name: description`: `algorithms.loss_setting_docs` reads them for the CLI help
+    and docs/loss_settings.md.
+
     Attributes:
-        loss_aggregation: how per-token PG terms become a scalar (`aggregate`).
-        clip_low, clip_high, dual_clip: PPO ratio clip range and optional dual clip (`policy_gradient_loss`).
-        query_kl_coef: α, weight of Query-KL in the loss.
-        query_kl_estimator: `token_k3` | `sequence_k3` (`per_query_kl`).
+        loss_aggregation: how the per-token policy-gradient terms become one scalar (`objectives.aggregate`):
+            `token_mean` (each response token of the batch weighs the same; DAPO, the paper), `seq_mean_token_mean`
+            (mean over responses of each response's token mean; the original GRPO, the released code),
+            `seq_mean_token_sum` (mean over responses of their token sums) or `seq_sum_constant` (token sums divided
+            by a constant, Dr. GRPO; the module's `loss_constant`).
+        clip_low: PPO clip ε_low: the ratio of a token with a negative advantage is clipped at 1 - ε_low.
+        clip_high: PPO clip ε_high: the ratio of a token with a positive advantage is clipped at 1 + ε_high (DAPO's
+            clip-higher: 0.28); None = clip_low.
+        dual_clip: Dual-clip PPO's c > 1: a token with a negative advantage A loses at most -c·A; None = off.
+        query_kl_coef: α, the weight of Query-KL in the loss (0 = not optimised; it is logged either way).
+        query_kl_estimator: `sequence_k3`: k3 of each query's summed log-likelihood change (the paper);
+            `token_k3`: mean over the query's tokens of per-token k3 (the released code) (`per_query_kl`).
         query_kl_aggregation: `per_query`: mean of `per_query_kl` over unique queries (the paper: each query once);
             `like_pg`: per-token k3 on every row's prompt tokens aggregated like the PG loss, with its normaliser
             (the released code; needs `token_k3`).
@@ -68,8 +79,12 @@ class LossSettings:
             (docs/erpo.md, "Query-KL at θ0"). None = `query_kl_tolerance_for(policy compute dtype)`, resolved by
             whoever runs the model (`ERPOModule`; `rl_loss` alone reads None as the float32 value); 0 = none. The
             logged Query-KL values are the raw ones.
-        kl_clamp_mode, kl_clamp: clamp of Query-KL and Policy-KL (`kl_penalty`, `sequence_k3`).
-        policy_kl_coef, policy_kl_kind: β and estimator of Policy-KL, aggregated like the PG loss.
+        kl_clamp_mode: how Query-KL and Policy-KL are bounded (`kl_penalty`, `sequence_k3`): `value` clamps the k3
+            value at `kl_clamp` (the released code), `log_ratio` clamps the log-ratio at ±`kl_clamp`, `none` is
+            plain k3.
+        kl_clamp: the bound of `kl_clamp_mode` (> 0 unless the mode is `none`).
+        policy_kl_coef: β, the weight of Policy-KL to the frozen reference model (0 = off; > 0 loads that model).
+        policy_kl_kind: the per-token estimator of Policy-KL, `k1` | `k2` | `k3`, aggregated like the PG loss.
     """
 
     loss_aggregation: AggregationMode = "token_mean"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from erpo_lightning.rollout.engine import Sample
+from erpo_lightning.rollout.engine import TEMPERATURE_RANGE, Sample, is_sampling_temperature
 
 
 @dataclass
@@ -34,6 +34,8 @@ class RolloutBatch:
             when not given.
         group_size: G, rows per query.
         prompt_length: P, the prompt columns of `input_ids` / `attention_mask`.
+        temperature: T the responses were sampled at (`TEMPERATURE_RANGE`); the trainer scores them under
+            softmax(logits / T), the distribution `sampling_logprobs` are from.
     Filled by the training step (`ERPOModule`, None before), the values the loss reads besides the rollout's:
         advantages: [N] float32, one per row.
         old_logprobs: [N, R] float32, the policy's log-probs before this batch's first update (None = on-policy:
@@ -50,12 +52,15 @@ class RolloutBatch:
     truncated: torch.Tensor
     group_size: int
     prompt_length: int
+    temperature: float
     is_group_leader: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     query_weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if not is_sampling_temperature(self.temperature):
+            raise ValueError(f"RolloutBatch.temperature must be {TEMPERATURE_RANGE}, got {self.temperature!r}")
         if self.is_group_leader is None:
             rows = torch.arange(self.num_rows, device=self.input_ids.device)
             self.is_group_leader = rows % self.group_size == 0
@@ -66,7 +71,7 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
     def select_rows(self, rows: torch.Tensor) -> RolloutBatch:
-        """The rows `rows` (a LongTensor of row indices) of every per-row field; `group_size`, `prompt_length` kept."""
+        """The rows `rows` (a LongTensor of row indices) of every per-row field; the other fields kept."""
         return replace(self, **{name: value[rows] for name, value in self._tensors().items()})
 
     def to(self, device: torch.device | str) -> RolloutBatch:
@@ -100,6 +105,7 @@ def assemble_batch(
     rewards: torch.Tensor,
     query_index: torch.Tensor,
     pad_token_id: int,
+    temperature: float,
 ) -> RolloutBatch:
     """Pack B prompts and their G samples each into a `RolloutBatch` (on the CPU).
 
@@ -109,6 +115,7 @@ def assemble_batch(
         rewards: [B·G] float, row order b·G + g.
         query_index: [B] long, dataset rows of the prompts.
         pad_token_id: id written on padding (masked everywhere, any id works).
+        temperature: T the samples were drawn at (their `logprobs` are under softmax(logits / T)).
     """
     group_size = len(samples[0])
     rows = [(prompt_ids[b], sample) for b in range(len(prompt_ids)) for sample in samples[b]]
@@ -134,6 +141,7 @@ def assemble_batch(
         truncated=torch.tensor([sample.finish_reason == "length" for _, sample in rows]),
         group_size=group_size,
         prompt_length=width_p,
+        temperature=temperature,
     )
 
 

@@ -2,11 +2,13 @@
 
 An engine samples G responses for each of B prompts given as token ids and reports, per sampled token, its
 log-prob under the *processed* sampling distribution (after temperature, top-k and top-p), so that a trainer that
-recomputes log-probs at the same temperature gets the same numbers.
+recomputes log-probs at the same temperature gets the same numbers. The temperature is always > 0: there is no greedy
+mode, since a trainer cannot score greedy tokens (softmax(logits / T) has no limit it could train on at T = 0).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +19,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length"]
+# The one range rule of a sampling temperature, for every setting that holds one (rollout, sweep, SamplingSettings).
+TEMPERATURE_RANGE = "> 0 and finite (greedy decoding, T = 0, has no log-probs to train on)"
+
+
+def is_sampling_temperature(value: float) -> bool:
+    """Whether `value` is a temperature an engine samples at and the trainer scores at: finite and > 0."""
+    return math.isfinite(value) and value > 0
 
 
 @dataclass
@@ -25,7 +34,7 @@ class SamplingSettings:
 
     Attributes:
         n: responses per prompt (the group size G).
-        temperature: 0 means greedy (log-probs are then those of the untempered distribution).
+        temperature: T of softmax(logits / T), `TEMPERATURE_RANGE` (ValueError otherwise).
         top_p: nucleus mass, 1.0 = off.
         top_k: 0 = off.
         max_new_tokens: response length cap, in tokens.
@@ -42,6 +51,10 @@ class SamplingSettings:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not is_sampling_temperature(self.temperature):
+            raise ValueError(f"temperature must be {TEMPERATURE_RANGE}, got {self.temperature!r}")
 
 
 @dataclass

@@ -142,18 +142,17 @@ class HFEngine:
         device = next(self.policy.parameters()).device
         stop_ids = self._stop_ids(settings)
         recorder = _Recorder(self.tokenizer, width, stop_ids, list(settings.stop))
-        sampling = settings.temperature > 0
         warpers = []
-        if sampling and settings.temperature != 1.0:
+        if settings.temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(settings.temperature))
-        if sampling and settings.top_k > 0:
+        if settings.top_k > 0:
             warpers.append(TopKLogitsWarper(settings.top_k))
-        if sampling and settings.top_p < 1.0:
+        if settings.top_p < 1.0:
             warpers.append(TopPLogitsWarper(settings.top_p))
         sequences = self.policy.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
-            do_sample=sampling,
+            do_sample=True,
             # Neutral built-in warpers (they would otherwise come from generation_config), ours run instead.
             temperature=1.0,
             top_k=0,
