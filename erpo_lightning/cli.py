@@ -142,10 +142,24 @@ class ERPOTrainer(Trainer):
     def cache(self, model: ERPOModule, datamodule: QueryDataModule, force: bool = False) -> None:
         """Compute (or check and load) the frozen-reference query score cache of the configured training data.
 
+        On several devices or nodes the trainer's ranks share the computation, as at fit start: Lightning's launcher
+        starts the other processes (torchrun and srun have started them already), and the strategy's process group
+        is set up before the scores are computed.
+
         Args:
             force: recompute even when a matching cache exists.
         """
-        build_or_load_cache(datamodule, force=force, strategy=self.strategy, module=model)
+
+        def build() -> None:
+            if self.world_size > 1:
+                self.strategy.connect(model)  # ModelParallelStrategy hands its device mesh to the module
+                self.strategy.setup_environment()
+            build_or_load_cache(datamodule, force=force, strategy=self.strategy, module=model)
+
+        if self.world_size > 1 and self.strategy.launcher is not None:
+            self.strategy.launcher.launch(build, trainer=self)
+        else:
+            build()
 
     def validate(
         self,

@@ -1,10 +1,11 @@
 """One training run of `tests/test_distributed.py`: ERPOModule on fixed global rollout batches, under a strategy.
 
     python tests/scaleout_run.py MODEL_DIR OUT_DIR --strategy {single,ddp,fsdp} --config {erpo,reinforce}
-        [--save-checkpoints] [--resume CHECKPOINT]
+        [--save-checkpoints] [--resume CHECKPOINT] [--num-nodes 2]
 
-Lightning launches the second process itself (it re-runs this script). Every run trains on the same global
-batches, one per epoch; rank r of W takes the whole groups r, r + W, ... of each. Rank 0 writes
+Lightning launches the second process itself (it re-runs this script); with `--num-nodes 2`, each of two `torchrun
+--nnodes 2` launchers starts one process. Every run trains on the same global batches, one per epoch; rank r of W
+takes the whole groups r, r + W, ... of each. Rank 0 writes
 `OUT_DIR/run.json` (the logged `train/` metrics of every batch, whether the policy was sharded and checkpointed its
 activations) and `OUT_DIR/weights.pt` (the final full policy state dict).
 """
@@ -140,6 +141,7 @@ def main() -> None:
     parser.add_argument("--config", choices=sorted(CONFIGS), required=True)
     parser.add_argument("--save-checkpoints", action="store_true")
     parser.add_argument("--resume")
+    parser.add_argument("--num-nodes", type=int, default=1)
     args = parser.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,10 +149,10 @@ def main() -> None:
 
     initial = load_tiny_model(args.model_dir)
     batches = global_batches(initial)
-    devices = 1 if args.strategy == "single" else 2
+    world_size = 1 if args.strategy == "single" else 2
     config = dict(CONFIGS[args.config])
     if "update_batch_size" in config:  # queries per optimizer step, per rank
-        config["update_batch_size"] //= devices
+        config["update_batch_size"] //= world_size
     module = ERPOModule(args.model_dir, learning_rate=1e-3, **config)
     module.reference_cache = reference_cache(initial, batches)
 
@@ -166,7 +168,8 @@ def main() -> None:
             ModelCheckpoint(out_dir / "checkpoints", "{epoch}", save_top_k=-1, save_on_train_epoch_end=True)
         )
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, max_epochs=NUM_BATCHES,
+        accelerator="cpu", devices=world_size // args.num_nodes, num_nodes=args.num_nodes, strategy=strategy,
+        max_epochs=NUM_BATCHES,
         logger=False, enable_checkpointing=args.save_checkpoints, enable_progress_bar=False,
         enable_model_summary=False, use_distributed_sampler=False, callbacks=callbacks,
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """The reference scores are computed in the policy's compute dtype (issue 14, item 4): at θ0, Query-KL compares the
-policy with itself, not with a float32 copy of itself, in float32 and bfloat16 (and float16 compute under FSDP2)."""
+policy with itself, not with a float32 copy of itself, in float32 and bfloat16 (also as FSDP2's compute dtype)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ def make_datamodule(model_path, cache_dir, **overrides) -> QueryDataModule:
 
 def test_the_reference_dtype_is_the_policys_compute_dtype(tiny_model_path, tmp_path):
     bf16 = ERPOModule(str(tiny_model_path), dtype="bfloat16")
-    mixed = ERPOModule(str(tiny_model_path), dtype="float32", fsdp_mixed_precision="float16")
+    mixed = ERPOModule(str(tiny_model_path), dtype="float32", fsdp_mixed_precision="bfloat16")
     assert policy_compute_dtype(bf16) == "bfloat16" and policy_compute_dtype(None) is None
     assert policy_compute_dtype(mixed) == "float32"  # mixed precision applies under FSDP2 only
-    assert policy_compute_dtype(mixed, ModelParallelStrategy()) == "float16"
+    assert policy_compute_dtype(mixed, ModelParallelStrategy()) == "bfloat16"
 
     datamodule = make_datamodule(tiny_model_path, tmp_path / "cache")
     assert datamodule.reference_dtype() == "float32" and datamodule.reference_dtype(bf16) == "bfloat16"

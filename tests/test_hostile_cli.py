@@ -93,6 +93,10 @@ def fails_in_one_line(capsys, *args) -> str:
         (["--model.gradient_clip_norm", "-1"], "model.gradient_clip_norm must be > 0 (null = no clipping), got -1.0"),
         (["--model.gradient_clip_norm", "0"], "model.gradient_clip_norm must be > 0 (null = no clipping), got 0.0"),
         (["--model.dtype", "float16"], "model.dtype must be float32 or bfloat16 (float16 is not supported"),
+        (
+            ["--model.fsdp_mixed_precision", "float16"],
+            "model.fsdp_mixed_precision must be float32, bfloat16 or null (float16 is not supported",
+        ),
         (["--model.weight_decay", "-0.1"], "model.weight_decay must be >= 0 (or null), got -0.1"),
         (["--model.loss_constant", "0"], "model.loss_constant must be > 0 (or null), got 0.0"),
         (["--model.max_consecutive_skips", "0"], "model.max_consecutive_skips must be >= 1, got 0"),

@@ -1,16 +1,23 @@
 """Preemption (issue 30): SIGTERM / SIGUSR1 during fit save the last finished step and exit non-zero, and resuming
-from that checkpoint is exact; Ctrl-C exits 130."""
+from that checkpoint is exact; Ctrl-C exits 130. SIGTERM during the reference cache build (`erpo cache`, or at fit
+start) keeps the finished chunks, writes nothing partial, releases the run's lock and exits 143 too."""
 
 import os
 import signal
+import subprocess
+import time
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from fit_configs import ERPO, fit_config, write_config
 from test_hostile_cli import run_main, tiny_config
 from test_resume import LOGGED, run
 
 from erpo_lightning.callbacks.preemption import Preempted
+from erpo_lightning.checkpointing import lock_path
+from erpo_lightning.data.reference_logprobs import CacheBuildStopped, StopOnSignals
+from erpo_lightning.toy import SHIPPED_DIR
 
 
 class SignalAt(pl.Callback):
@@ -80,3 +87,45 @@ def test_a_sigterm_before_the_first_step_stops_after_it(tiny_model_path, benchma
     with pytest.raises(Preempted, match="preempted by SIGTERM: saved global step 1 to"):
         run(tiny_model_path, benchmarks_dir / "gsm8k.jsonl", tmp_path, 3, extra_callbacks=[SignalAtTrainStart()])
     assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 1
+
+
+@pytest.mark.parametrize("subcommand", ["cache", "fit"])
+def test_sigterm_during_the_cache_build_keeps_finished_chunks_writes_nothing_partial_and_exits_143(
+    tmp_path, subcommand
+):
+    """A real `erpo` process gets a real SIGTERM once its cache build has written a chunk: 1905 queries of the shipped
+    toy set in chunks of one query, so that the build is still running when the signal comes."""
+    train = [{"path": str(SHIPPED_DIR / "train.jsonl")}]
+    data = {"max_prompt_length": 64, "cache_chunk_size": 1, "cache_batch_size": 1}
+    config = write_config(tmp_path / "fit.yaml", fit_config(SHIPPED_DIR, train, tmp_path, data=data))
+    env = {**os.environ, "ERPO_CACHE_HOME": str(tmp_path / "home")}
+    command = [ERPO, subcommand, "--config", str(config)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    cache = tmp_path / "cache"
+    deadline = time.monotonic() + 600
+    while not list(cache.glob("partial/*/chunk_*.safetensors")):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no chunk written in 600 s"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 128 + signal.SIGTERM, err[-3000:]
+    stopped = "erpo: stopped by SIGTERM while building the reference score cache: no partial cache was written"
+    assert err.strip().splitlines()[-1].startswith(f"{stopped}; finished chunks stay in {cache / 'partial'}"), err
+    assert not (cache / "scores.safetensors").exists() and not (cache / "manifest.json").exists()
+    assert not list(tmp_path.rglob("*.tmp"))  # no chunk or file cut mid-write
+    assert 0 < len(list(cache.glob("partial/*/chunk_*.safetensors"))) < 1905  # kept for the next run to resume
+    if subcommand == "fit":  # the run's folder lock was released (emptied), not left to be taken over as stale
+        assert lock_path(tmp_path / "checkpoints").read_text() == ""
+
+
+def test_a_signal_during_the_final_cache_write_stops_after_it(tmp_path):
+    """The scores file and its manifest are written whole: a signal in between takes effect after both."""
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
+    written = False
+    with pytest.raises(CacheBuildStopped, match="by SIGUSR1 .*: the cache was written whole first") as stopped:
+        with StopOnSignals(tmp_path) as stop, stop.deferred():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            written = True
+    assert written and stopped.value.exit_status == 128 + signal.SIGUSR1
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == handlers  # put back

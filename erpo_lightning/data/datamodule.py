@@ -36,6 +36,7 @@ from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat,
 from erpo_lightning.data.reference_logprobs import (
     Gather,
     LogprobBatching,
+    StopOnSignals,
     compute_reference_logprobs,
     finished_chunks,
 )
@@ -322,32 +323,37 @@ class QueryDataModule(LightningDataModule):
             return cache
 
         check_writable(directory, chunk_dir)  # a read-only folder is refused before the model loads
-        model = self._reference_engine(world_size, strategy, dtype)
-        policy = policy_compute_dtype(module, strategy)
-        why = "data.cache_dtype" if self.cache_dtype is not None else "the policy's" if policy else "the default"
-        report(
-            f"computing reference scores of {manifest['num_queries']} queries ({manifest['num_prompt_tokens']} tokens)"
-            f" with {self.model_path} ({self.cache_engine}, {dtype}: {why}) on {world_size} rank(s)"
-        )
-        if not force and (finished := finished_chunks(chunk_dir)):
-            total = -(-len(self.data.prompt_ids) // self.score_settings.chunk_size)
-            report(f"resuming an interrupted build: {finished} of {total} chunk(s) found in {chunk_dir} are read back")
-        cache = compute_reference_logprobs(
-            model,
-            self.data.prompt_ids,
-            rank,
-            world_size,
-            gather,
-            chunk_dir=chunk_dir,
-            settings=self.score_settings,
-            resume=not force,
-        )
-        del model
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        if rank == 0:
-            write_cache(directory, cache, manifest, digest)
-            shutil.rmtree(directory / "partial", ignore_errors=True)
+        with StopOnSignals(chunk_dir) as stop:  # SIGTERM / SIGUSR1: finished chunks kept, nothing partial
+            model = self._reference_engine(world_size, strategy, dtype)
+            policy = policy_compute_dtype(module, strategy)
+            why = "data.cache_dtype" if self.cache_dtype is not None else "the policy's" if policy else "the default"
+            report(
+                f"computing reference scores of {manifest['num_queries']} queries "
+                f"({manifest['num_prompt_tokens']} tokens) with {self.model_path} ({self.cache_engine}, {dtype}: "
+                f"{why}) on {world_size} rank(s)"
+            )
+            if not force and (finished := finished_chunks(chunk_dir)):
+                total = -(-len(self.data.prompt_ids) // self.score_settings.chunk_size)
+                report(
+                    f"resuming an interrupted build: {finished} of {total} chunk(s) found in {chunk_dir} are read back"
+                )
+            cache = compute_reference_logprobs(
+                model,
+                self.data.prompt_ids,
+                rank,
+                world_size,
+                gather,
+                chunk_dir=chunk_dir,
+                settings=self.score_settings,
+                resume=not force,
+            )
+            del model
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            with stop.deferred():
+                if rank == 0:
+                    write_cache(directory, cache, manifest, digest)
+                    shutil.rmtree(directory / "partial", ignore_errors=True)
         report(f"wrote reference scores to {directory}")
         return cache
 

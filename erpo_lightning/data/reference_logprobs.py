@@ -7,11 +7,17 @@ Queries are sorted by length (longest first, so an out-of-memory shows at once) 
 Prompts are right-padded with an all-ones attention mask: causal attention never lets a real token see the padding
 after it, so every real position is scored exactly as in an unpadded forward, with no position-id shift and the
 fast causal attention kernels. Scores come from `logprobs.sequence_logprobs`, the function the trainer uses.
+
+A build stopped by SIGTERM or SIGUSR1 (`StopOnSignals`) keeps its finished chunks, leaves no partial file, and raises
+`CacheBuildStopped`, which `erpo` turns into exit status 128 + the signal's number, as for a preempted fit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +34,61 @@ from erpo_lightning.logprobs import sequence_logprobs
 CHUNK_NAME = "chunk_{:06d}.safetensors"  # one finished chunk in `chunk_dir`, by chunk number
 Shard = dict[str, torch.Tensor]  # {"query_index" [n], "lengths" [n], "logprobs" [sum(lengths)]}
 Gather = Callable[[object], list]  # one object per rank in, every rank's object out (all_gather_object)
+# A scheduler's notice to stop (SLURM, Kubernetes; SIGUSR1 is Lightning's SLURM requeue signal), as for fit.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class CacheBuildStopped(Exception):
+    """A reference-score build stopped by a signal; `erpo` prints the message and exits `exit_status` (128 + the
+    signal's number: 143 for SIGTERM), as a preempted fit does."""
+
+    def __init__(self, number: int, outcome: str) -> None:
+        name = signal.Signals(number).name
+        super().__init__(f"stopped by {name} while building the reference score cache: {outcome}")
+        self.exit_status = 128 + number
+
+
+class StopOnSignals:
+    """For the time of a cache build: SIGTERM / SIGUSR1 raise `CacheBuildStopped` at once (a chunk or file being
+    written leaves nothing: `cache.atomic_write` removes its temporary file), except inside `deferred()`, which
+    completes first and raises after. The previous handlers are back on exit; outside the main thread, where no
+    handler can be set, nothing changes.
+
+    Args:
+        chunk_dir: the build's folder of finished chunks, named in the error.
+    """
+
+    def __init__(self, chunk_dir: str | Path) -> None:
+        self.chunk_dir = chunk_dir
+        self._previous: dict[int, object] = {}
+        self._deferring = False
+        self._pending: int | None = None
+
+    def __enter__(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.signal(number, self._handle) for number in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+    def _handle(self, number: int, frame) -> None:
+        if not self._deferring:
+            kept = f"finished chunks stay in {self.chunk_dir} and the next run resumes from them"
+            raise CacheBuildStopped(number, f"no partial cache was written; {kept}")
+        self._pending = self._pending or number
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A step that must not be cut (writing the scores and then the manifest): a signal raises after it."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._pending is not None:
+            raise CacheBuildStopped(self._pending, "the cache was written whole first; the next run loads it")
 
 
 @dataclass

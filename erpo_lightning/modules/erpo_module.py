@@ -39,6 +39,12 @@ from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
+# One rule for the weights' dtype and the FSDP2 compute dtype: float16 needs loss scaling, which the step does not do.
+_NOT_FLOAT16 = (
+    "float16 is not supported: it needs float32 master weights and loss scaling, which training does not do (float16 "
+    "weights turn NaN/inf in the first optimizer step); bfloat16 has float32's range at float16's memory"
+)
+
 # (field, test, allowed range as the error states it) of the module's own numeric and dtype settings; the optimizer's
 # are checked by `optim.check_optimizer_settings`, nan_policy's by `NonFiniteGuard`, the algorithm's by
 # `resolve_algorithm`.
@@ -48,12 +54,8 @@ _SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("micro_batch_tokens", lambda v: v >= 1, ">= 1"),
     ("loss_constant", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (or null)"),
     ("gradient_clip_norm", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (null = no clipping)"),
-    (
-        "dtype",
-        lambda v: v != "float16",
-        "float32 or bfloat16 (float16 is not supported: without float32 master weights and loss scaling its first "
-        "optimizer step overflows the weights into NaN/inf; bfloat16 has float32's range at float16's memory)",
-    ),
+    ("dtype", lambda v: v != "float16", f"float32 or bfloat16 ({_NOT_FLOAT16})"),
+    ("fsdp_mixed_precision", lambda v: v != "float16", f"float32, bfloat16 or null ({_NOT_FLOAT16})"),
 )
 
 
