@@ -344,7 +344,7 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         # 'current' with query_weight_norm 'dataset').
         check_module_settings(model.as_dict())
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
-        if subcommand == "fit":  # what the module checks against the RolloutCallback at fit start
+        if subcommand == "fit":  # what RolloutCallback.setup checks against the module's algorithm
             check_group_size(algorithm.advantage_estimator, config.rollout.group_size)
         if config.get("sweep") is not None:  # `validate`'s: SweepConfig's own checks, on the parsed values
             SweepConfig(**config.sweep.as_dict())

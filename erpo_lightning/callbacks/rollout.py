@@ -7,7 +7,7 @@ necessarily the loader's B), on the module's device. Metrics are logged under `r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -36,9 +36,10 @@ from erpo_lightning.rollout.engine import (
     rollout_seed,
 )
 from erpo_lightning.rollout.sampler import RolloutSampler
+from erpo_lightning.setting_rules import Rule, check_rules
 
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
-_SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+_SETTING_RULES: tuple[Rule, ...] = (
     ("group_size", lambda v: v >= 1, ">= 1"),
     ("temperature", is_sampling_temperature, TEMPERATURE_RANGE),
     ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -55,9 +56,7 @@ _SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 def check_rollout_settings(settings: Mapping[str, Any]) -> None:
     """Raise ValueError naming the first rollout setting outside its allowed range (`rollout.<field> must be ...`)."""
-    for name, allowed, description in _SETTING_RULES:
-        if name in settings and not allowed(settings[name]):
-            raise ValueError(f"rollout.{name} must be {description}, got {settings[name]!r}")
+    check_rules("rollout", settings, _SETTING_RULES)
 
 
 @dataclass

@@ -46,17 +46,21 @@ from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.file_hashes import cache_home
 from erpo_lightning.rollout.batch import QueryBatch
+from erpo_lightning.setting_rules import Rule, at_least, check_rules
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_CACHE_ROOT = cache_home() / "reference"
-# (field, smallest allowed value) of the data module's counts.
-_SETTING_MINIMUMS: tuple[tuple[str, int], ...] = (
-    ("batch_size", 1),
-    ("max_prompt_length", 1),
-    ("num_workers", 0),
-    ("cache_max_tokens", 1),
-    ("cache_batch_size", 1),
-    ("cache_chunk_size", 1),
+# (field, test, allowed range) of the data module's counts.
+_SETTING_RULES: tuple[Rule, ...] = tuple(
+    (name, at_least(minimum), f">= {minimum}")
+    for name, minimum in (
+        ("batch_size", 1),
+        ("max_prompt_length", 1),
+        ("num_workers", 0),
+        ("cache_max_tokens", 1),
+        ("cache_batch_size", 1),
+        ("cache_chunk_size", 1),
+    )
 )
 
 
@@ -66,9 +70,7 @@ def check_data_settings(settings: Mapping[str, Any]) -> None:
     `settings` maps QueryDataModule's parameter names to values (the constructor's arguments, or the CLI's parsed
     `data:` group before anything is built); a name missing from it is not checked.
     """
-    for name, minimum in _SETTING_MINIMUMS:
-        if name in settings and not (settings[name] is not None and settings[name] >= minimum):
-            raise ValueError(f"data.{name} must be >= {minimum}, got {settings[name]!r}")
+    check_rules("data", settings, _SETTING_RULES)
 
 
 @rank_zero_only

@@ -10,7 +10,7 @@ optimizer steps per batch, which also works under FSDP2 (`ModelParallelStrategy`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, 
 from erpo_lightning.modules.step_metrics import build_train_metrics, compute_and_reset, update_micro_metrics
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
+from erpo_lightning.setting_rules import Rule, check_rules
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -48,7 +49,7 @@ _NOT_FLOAT16 = (
 # (field, test, allowed range as the error states it) of the module's own numeric and dtype settings; the optimizer's
 # are checked by `optim.check_optimizer_settings`, nan_policy's by `NonFiniteGuard`, the algorithm's by
 # `resolve_algorithm`.
-_SETTING_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+_SETTING_RULES: tuple[Rule, ...] = (
     ("num_iterations", lambda v: v >= 1, ">= 1"),
     ("update_batch_size", lambda v: v is None or v >= 1, ">= 1 (or null)"),
     ("micro_batch_tokens", lambda v: v >= 1, ">= 1"),
@@ -65,9 +66,7 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
     `settings` maps ERPOModule's parameter names to values (the constructor's arguments, or the CLI's parsed `model:`
     group before anything is built); a name missing from it is not checked.
     """
-    for name, allowed, description in _SETTING_RULES:
-        if name in settings and not allowed(settings[name]):
-            raise ValueError(f"model.{name} must be {description}, got {settings[name]!r}")
+    check_rules("model", settings, _SETTING_RULES)
     check_optimizer_settings(
         settings.get("optimizer"), settings.get("lr_scheduler"), settings.get("learning_rate"),
         settings.get("weight_decay"), settings.get("warmup_steps", 0),
