@@ -24,6 +24,7 @@ from erpo_lightning.evaluation.sweep_metrics import SweepMetric
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.rollout.engine import TEMPERATURE_RANGE, declare_context, derive_seed, is_sampling_temperature
 from erpo_lightning.rollout.sampler import GradedGroups, RolloutSampler
+from erpo_lightning.setting_rules import Rule, check_rules
 
 DEFAULT_TEMPERATURES = [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5]
 
@@ -84,16 +85,15 @@ class SweepConfig:
         bad = [t for t in self.temperatures if not is_sampling_temperature(t)]
         if bad:
             raise ValueError(f"sweep.temperatures: every temperature must be {TEMPERATURE_RANGE} (got {bad})")
-        for name, allowed, description in (
+        rules: tuple[Rule, ...] = (
             ("max_new_tokens", lambda v: v is None or v >= 1, ">= 1 (or null)"),
             ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
             ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
             ("max_problems", lambda v: v is None or v >= 1, ">= 1 (or null)"),
             ("batch_size", lambda v: v >= 1, ">= 1"),
             ("max_prompt_length", lambda v: v >= 1, ">= 1"),
-        ):
-            if not allowed(getattr(self, name)):
-                raise ValueError(f"sweep.{name} must be {description}, got {getattr(self, name)!r}")
+        )
+        check_rules("sweep", {name: getattr(self, name) for name, _, _ in rules}, rules)
 
 
 @dataclass
