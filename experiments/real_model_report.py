@@ -31,6 +31,8 @@ from study_report import (
 )
 from study_runs import run_timing
 
+from erpo_lightning.objectives.kl import DEFAULT_KL_CLAMP
+
 CURVES = (
     CurvePanel(lambda record: record.common_query_kl(), f"Query-KL(ρθ ‖ ρθ0), {COMMON_ESTIMATOR} for every arm",
                "Query-KL (running mean, symlog)", symlog=True),
@@ -43,6 +45,24 @@ FINAL_COLUMNS = ("Query-KL", "Query-KL (common)", "entropy", "grad norm", "query
 def value(number: float, scale: float) -> str:
     """One run's value: points with one decimal for accuracies (scale 100), three significant digits otherwise."""
     return "n/a" if np.isnan(number) else f"{scale * number:.1f}" if scale != 1.0 else f"{number:.3g}"
+
+
+def clamp_note(table: dict, kinds: dict[str, str], clamp: float = DEFAULT_KL_CLAMP) -> str:
+    """A sentence naming the arms whose final k3 Query-KL sits at the presets' value clamp (`model.kl_clamp`), or "".
+
+    k3 is never negative, so the clamp can only lower a logged value: at the clamp it is a lower bound of the
+    unclamped estimate, and a ratio with it in the denominator an upper bound.
+    """
+    capped = [arm for arm, values in table.items()
+              if kinds[arm].endswith("k3") and np.nanmax(values["Query-KL"]) >= 0.99 * clamp]  # fmt: skip
+    if not capped:
+        return ""
+    names = ", ".join(f"`{arm}`" for arm in capped)
+    return (
+        f"{names}: `Query-KL` is at the k3 value clamp ({clamp:g}, `model.kl_clamp`) in at least one seed. The clamp "
+        "can only lower a k3 estimate, so that value is a lower bound of the unclamped one, and a ratio against it "
+        "(the Query-KL claims) an upper bound: a `holds` verdict against it stands, a `fails` may not."
+    )
 
 
 def run_rows(table: dict, temperatures: list[str], commits: dict[tuple[str, int], str]) -> list[list[str]]:
@@ -153,6 +173,8 @@ against θ0 (`train/query_loglik_change`, positive when the queries became more 
             final_rows,
         )
     }
+
+{clamp_note(table, kinds)}
 
 ## Per run
 

@@ -16,6 +16,7 @@ from test_quickstart import copy_quickstart_inputs
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import study_runs  # noqa: E402
+from real_model_report import clamp_note  # noqa: E402
 from real_model_study import CLAIMS, REAL_MODEL  # noqa: E402
 from study_claims import Claim, MeanMargin, confirm, evaluate  # noqa: E402
 from study_definition import ALL_QUERIES, StudySettings  # noqa: E402
@@ -88,6 +89,16 @@ def test_claims_pair_seeds_by_number_when_a_third_seed_ran_for_some_arms_only():
     assert result["per_seed"] == pytest.approx([5.0, -1.0]) and result["n"] == 2 and result["seeds_split"]
     table["grpo"] = {"seed": [0, 1, 2], "T=1.5": [0.40, 0.50, 0.80]}
     assert evaluate(claim, table, {})["per_seed"] == pytest.approx([5.0, -1.0, 10.0])
+
+
+def test_the_report_names_a_baseline_whose_k3_query_kl_sits_at_the_clamp():
+    table = {"grpo": {"Query-KL": np.array([10.0, 3.0])}, "erpo": {"Query-KL": np.array([0.9, 0.4])},
+             "reinforce": {"Query-KL": np.array([12.0])}}  # fmt: skip
+    kinds = {"grpo": "sequence_k3", "erpo": "sequence_k3", "reinforce": "sequence_k1"}
+    note = clamp_note(table, kinds, clamp=10.0)
+    assert "`grpo`" in note and "lower bound" in note
+    assert "erpo" not in note and "reinforce" not in note  # below the clamp; k1 has no clamp
+    assert clamp_note({"grpo": {"Query-KL": np.array([9.0])}}, {"grpo": "token_k3"}, clamp=10.0) == ""
 
 
 def test_real_model_study_definition():
