@@ -33,13 +33,13 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} # this checkout's erpo_lightning, installed or not
 
 if [[ $smoke == 1 ]]; then
-    mode=smoke step_limit=0 memory_limit=0 # a loaded CPU machine can take minutes
+    mode=smoke env_limit=0 step_limit=0 memory_limit=0 # no limits: a loaded CPU machine can take minutes
     step_args=(--device cpu --size tiny --dtype float32 --steps 1 --threads 1 --queries 2 --group-size 2
         --prompt-len 16 --response-len 16)
     memory_args=(--device cpu --dtypes float32 --vocab 4096 --tokens 256 --prompt-len 32 --response-len 96
         --steps 1 --threads 1)
 else
-    mode=gpu step_limit=270 memory_limit=120 # with env's 60: 7.5 minutes at most
+    mode=gpu env_limit=60 step_limit=270 memory_limit=120 # 7.5 minutes at most
     step_args=(--device cuda --size 1.5b --dtype bfloat16 --steps 3 --threads 8 --queries 8 --group-size 4
         --prompt-len 256 --response-len 1024 --micro-batch-tokens 16384)
     memory_args=(--device cuda --dtypes float32 bfloat16 --steps 2 --threads 8)
@@ -87,7 +87,7 @@ print(json.dumps(line))
 EOF
 }
 
-run_part env 60 -c "$env_probe" "$mode"
+run_part env "$env_limit" -c "$env_probe" "$mode"
 run_part bench_step "$step_limit" bench/bench_step.py --strategy model_parallel --rounds 1 "${step_args[@]}"
 run_part bench_memory "$memory_limit" bench/bench_memory.py --rounds 1 "${memory_args[@]}"
 
