@@ -8,6 +8,10 @@ after one warm-up step on the identical rollout batch. Ratios are of medians mea
     .venv/bin/python bench/bench_step.py                         # CPU, ~20M-parameter Qwen2, fp32
     python bench/bench_step.py --device cuda --size 0.5b --dtype bfloat16 --queries 16 \
         --prompt-len 256 --response-len 1024
+    python bench/bench_step.py --device cuda --size 1.5b --dtype bfloat16 --strategy model_parallel  # FSDP2
+
+`--strategy model_parallel` fits under Lightning's `ModelParallelStrategy` on one device (a 1-rank mesh, gloo on
+CPU, NCCL on CUDA): `ERPOModule.configure_model` then shards the policy with FSDP2, as multi-GPU runs do.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 from interleave import run_workers
@@ -28,8 +33,9 @@ from erpo_lightning.rollout.batch import QueryBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
 
 ALGORITHMS = ("erpo", "grpo", "grpo_kl")
+Strategy = Literal["auto", "model_parallel"]
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
-# "0.5b" is Qwen2.5-0.5B's (with its 151,936-token vocabulary).
+# "0.5b" is Qwen2.5-0.5B's, "1.5b" Qwen2-1.5B's (both with the 151,936-token vocabulary).
 SHAPE_FIELDS = (
     "hidden_size",
     "intermediate_size",
@@ -42,6 +48,7 @@ SIZES = {
     "tiny": dict(zip(SHAPE_FIELDS, (128, 256, 2, 2, 1, 320), strict=True)),
     "20m": dict(zip(SHAPE_FIELDS, (512, 1408, 6, 8, 2, 8192), strict=True)),
     "0.5b": dict(zip(SHAPE_FIELDS, (896, 4864, 24, 14, 2, 151936), strict=True)),
+    "1.5b": dict(zip(SHAPE_FIELDS, (1536, 8960, 28, 12, 2, 151936), strict=True)),
 }  # fmt: skip
 
 
@@ -73,21 +80,33 @@ def rollout_batch(args, vocab_size: int) -> QueryBatch:
     return QueryBatch(query_index, prompts, [""] * args.queries, rollout=rollout)
 
 
-def attach_reference_cache(module, batch: QueryBatch) -> None:
+def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module | None = None) -> None:
     """What `erpo cache` computes once before training (with the same function): the initial policy's log-probs of
-    the batch's queries, set as `module.reference_cache`."""
+    the batch's queries, set as `module.reference_cache`. `initial`: a model holding the initial weights (None = the
+    module's policy, loaded and not yet trained)."""
     from erpo_lightning.data.cache import ReferenceLogprobCache
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
 
-    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, batch.prompt_ids))
+    scorer = module.policy if initial is None else initial
+    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(scorer, batch.prompt_ids))
+
+
+def trainer_strategy(name: Strategy):
+    """Lightning's strategy for `--strategy`: `model_parallel` is FSDP2 over a 1-rank data-parallel mesh."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1) if name == "model_parallel" else name
 
 
 CPU = torch.device("cpu")
 
 
-def fit_replayed(module, batch: QueryBatch, steps: int, device: torch.device = CPU, callbacks=()) -> tuple:
-    """Fit `module` on `batch` replayed `steps` + 1 times. Returns the seconds of each step after the warm-up one
-    (Lightning's batch start to batch end, CUDA synchronized) and the trainer (for its logged metrics)."""
+def fit_replayed(
+    module, batch: QueryBatch, steps: int, device: torch.device = CPU, callbacks=(), strategy: Strategy = "auto"
+) -> tuple:
+    """Fit `module` on `batch` replayed `steps` + 1 times under `strategy` (see `trainer_strategy`). Returns the
+    seconds of each step after the warm-up one (Lightning's batch start to batch end, CUDA synchronized) and the
+    trainer (for its logged metrics)."""
     import lightning as L
 
     times: list[float] = []
@@ -106,8 +125,9 @@ def fit_replayed(module, batch: QueryBatch, steps: int, device: torch.device = C
             times.append(time.perf_counter() - self.start)
 
     trainer = L.Trainer(
-        max_steps=steps + 1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=steps + 1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
+        strategy=trainer_strategy(strategy), logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[StepTimer(), *callbacks],
     )  # fmt: skip
     loader = torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None, collate_fn=lambda b: b)
@@ -116,7 +136,11 @@ def fit_replayed(module, batch: QueryBatch, steps: int, device: torch.device = C
 
 
 def worker(args) -> dict:
-    """One algorithm: warm-up step, then `--steps` timed steps; returns times and peak memory."""
+    """One algorithm: warm-up step, then `--steps` timed steps; returns times, peak memory, the last Query-KL and
+    whether the policy was sharded (its weights FSDP2's DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    from erpo_lightning.data.datamodule import load_reference_model
     from erpo_lightning.modules.erpo_module import ERPOModule
 
     torch.set_num_threads(args.threads)
@@ -125,20 +149,31 @@ def worker(args) -> dict:
     module = ERPOModule(
         str(model_path), algorithm=args.algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens
     )
-    module.configure_model()
     device = torch.device(args.device)
-    module.policy.to(device)
-    attach_reference_cache(module, batch)
+    if args.strategy == "auto":
+        module.configure_model()
+        module.policy.to(device)
+        attach_reference_cache(module, batch)
+    else:  # the strategy calls configure_model inside fit, with its mesh set, to shard; score with a copy till then
+        initial = load_reference_model(str(model_path), args.dtype, device)
+        attach_reference_cache(module, batch, initial)
+        del initial
 
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    times, trainer = fit_replayed(module, batch, args.steps, device)
+    times, trainer = fit_replayed(module, batch, args.steps, device, strategy=args.strategy)
     peak = (
         torch.cuda.max_memory_allocated() / 2**20
         if device.type == "cuda"
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     )
-    return {"step_s": times, "peak_mib": peak, "query_kl": float(trainer.callback_metrics["train/query_kl"])}
+    return {
+        "step_s": times,
+        "peak_mib": peak,
+        "query_kl": float(trainer.callback_metrics["train/query_kl"]),
+        "sharded": any(isinstance(p, DTensor) for p in module.policy.parameters()),
+    }
 
 
 def main() -> None:
@@ -146,6 +181,7 @@ def main() -> None:
     parser.add_argument("--size", choices=SIZES, default="20m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--strategy", choices=get_args(Strategy), default="auto", help="model_parallel = FSDP2")
     parser.add_argument("--queries", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -170,6 +206,7 @@ def main() -> None:
             "step_s_median": statistics.median(t for run in runs for t in run["step_s"]),
             "peak_mib": max(run["peak_mib"] for run in runs),
             "query_kl_last": runs[-1]["query_kl"],
+            "sharded": runs[-1]["sharded"],
         }
         for name, runs in results.items()
     }
@@ -180,6 +217,7 @@ def main() -> None:
         "ratios": {
             "step_erpo_over_grpo": summary["erpo"]["step_s_median"] / summary["grpo"]["step_s_median"],
             "step_erpo_over_grpo_kl": summary["erpo"]["step_s_median"] / summary["grpo_kl"]["step_s_median"],
+            "step_grpo_kl_over_grpo": summary["grpo_kl"]["step_s_median"] / summary["grpo"]["step_s_median"],
             "peak_erpo_over_grpo_kl": summary["erpo"]["peak_mib"] / summary["grpo_kl"]["peak_mib"],
         },
     }
