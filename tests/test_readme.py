@@ -79,9 +79,9 @@ def test_quickstart_figures_keep_their_caveat(page):
         assert "predate" in text and "Query-KL tolerance" in text and "not been rerun" in text, page.name
 
 
-def check_quoted_claims(text: str, minimum: int) -> None:
-    """Claims of the toy study quoted in `text` in the report's words carry their shipped k of n seeds and median."""
-    claims = json.loads((DOCS / "toy_study_claims.json").read_text())["claims"]
+def check_quoted_claims(text: str, minimum: int, claims_file: str = "toy_study_claims.json") -> None:
+    """Claims of a study quoted in `text` in the report's words carry their shipped k of n seeds and median."""
+    claims = json.loads((DOCS / claims_file).read_text())["claims"]
     items = [" ".join(item.split()) for item in re.split(r"\n(?=- )|\n\n", text)]  # bullets, paragraphs
     quoted = [claim for claim in claims if any(claim["text"] in item for item in items)]
     assert len(quoted) >= minimum, "the text should state the study's claims in the report's words"
