@@ -75,11 +75,19 @@ def rollout_batch(args, vocab_size: int) -> QueryBatch:
 
 def attach_reference_cache(module, batch: QueryBatch) -> None:
     """What `erpo cache` computes once before training (with the same function): the initial policy's log-probs of
-    the batch's queries, set as `module.reference_cache`."""
+    the batch's queries, set as `module.reference_cache`; and the query scores QueryDataModule's stream carries
+    from it (s(q), and w(q) when the algorithm makes it static), on the batch's rollout."""
+    from dataclasses import replace
+
     from erpo_lightning.data.cache import ReferenceLogprobCache
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
 
-    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, batch.prompt_ids))
+    cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, batch.prompt_ids))
+    module.reference_cache = cache
+    rows, table = batch.rollout.query_index, module.algorithm.query_weight_table(cache.nll)
+    batch.rollout = replace(
+        batch.rollout, reference_nll=cache.nll[rows], query_weights=None if table is None else table[rows]
+    )
 
 
 CPU = torch.device("cpu")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch.utils.data import DataLoader
 
+from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
 
@@ -39,6 +42,14 @@ def make_rollout(
     ]
     index = torch.arange(len(prompts)) if query_index is None else torch.tensor(query_index)
     return assemble_batch(prompts, samples, torch.tensor(rewards), index, pad_token_id, temperature)
+
+
+def carrying_scores(rollout: RolloutBatch, algorithm: Algorithm, reference_nll: torch.Tensor) -> RolloutBatch:
+    """`rollout` with each row's query scores as QueryDataModule's stream carries them, from a reference cache's
+    `reference_nll` [Q]: s(q), and w(q) from `algorithm.query_weight_table` when its rule makes w(q) static."""
+    rows = rollout.query_index
+    table = algorithm.query_weight_table(reference_nll)
+    return replace(rollout, reference_nll=reference_nll[rows], query_weights=None if table is None else table[rows])
 
 
 def with_rollout(rollout: RolloutBatch, prompts: list[list[int]] | None = None) -> QueryBatch:

@@ -166,7 +166,7 @@ class ERPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
-        # A data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]` log-probs, `nll` [Q] (nats).
+        # A data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]` reference log-probs (Query-KL).
         self.reference_cache: Any = None
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
         self.train_metrics = build_train_metrics()
@@ -264,17 +264,44 @@ class ERPOModule(L.LightningModule):
             first_row += len(response)
         return old
 
+    def _check_carried_weights(self, rollout: RolloutBatch) -> None:
+        """Refuse a rollout batch whose carried query scores do not fit the algorithm's w(q) rule: precomputed w(q)
+        comes with a dataset-static rule and only with it; per-step w(q) from the reference needs each s(q)."""
+        source, norm = self.algorithm.query_weight_source, self.algorithm.query_weight_norm
+        static = self.algorithm.static_query_weights
+        rule = f"model.query_weight_source {source!r} and query_weight_norm {norm!r}"
+        if static and rollout.query_weights is None:
+            raise ValueError(
+                f"with {rule}, w(q) is a constant of each query that the query stream carries, but this RolloutBatch "
+                "has none: train with QueryDataModule (which makes them at setup), or build the batch with "
+                "assemble_batch(..., query_weights=module.algorithm.query_weight_table(cache.nll)[query_index])"
+            )
+        if not static and rollout.query_weights is not None:
+            raise ValueError(
+                f"this RolloutBatch carries precomputed w(q), but with {rule} w(q) is made per optimizer step: its "
+                "query stream was set up for another algorithm"
+            )
+        if source == "reference" and not static and rollout.reference_nll is None:
+            raise ValueError(
+                f"with {rule}, w(q) is normalised per optimizer step from each query's reference NLL s(q), which "
+                "this RolloutBatch does not carry: train with QueryDataModule, or build the batch with "
+                "assemble_batch(..., reference_nll=cache.nll[query_index])"
+            )
+
     @torch.no_grad()
     def _step_query_weights(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """w(q) of an optimizer step's rows, [N]: `objectives.query_weights(s(q), s̄, clip)` with the algorithm's
-        `query_weight_source`, `query_weight_norm` and `query_weight_clip` (the one place w(q) is made).
+        """w(q) of an optimizer step's rows, [N], when it depends on the step: `objectives.query_weights(s(q), s̄,
+        clip)` with the algorithm's `query_weight_source`, `query_weight_norm` and `query_weight_clip`.
 
-        s(q) is the cached reference NLL, or the current policy's (one no-grad forward over the group leaders'
-        prompts before the step: the released code's `prepare_backward_batch`); s̄ is the reference's training-set
-        mean, or the mean over the step's queries on all ranks. None when w(q) is not applied and would cost that
-        forward; otherwise it is computed (and logged) even when not applied.
+        A dataset-static w(q) (`Algorithm.static_query_weights`) is the query stream's, made once at set-up and
+        carried by the batch: it is returned as is. Otherwise s̄ is the mean over the step's queries on all ranks and
+        s(q) is the carried reference NLL, or the current policy's (one no-grad forward over the group leaders'
+        prompts before the step: the released code's `prepare_backward_batch`). None when w(q) is not applied and
+        would cost that forward; otherwise it is computed (and logged) even when not applied.
         """
         algorithm, leaders, width = self.algorithm, batch.is_group_leader, batch.prompt_length
+        if algorithm.static_query_weights:
+            return batch.query_weights
         if algorithm.query_weight_source == "current":
             if not algorithm.use_query_weights:
                 return None
@@ -282,11 +309,8 @@ class ERPOModule(L.LightningModule):
             logprobs = sequence_logprobs(self.policy, prompt_ids, prompt_mask)
             nll = -(logprobs * obj.query_token_mask(prompt_mask, width)).sum(-1)
         else:
-            nll = self.reference_cache.nll[batch.query_index[leaders].cpu()].to(self.device)
-        if algorithm.query_weight_norm == "dataset":
-            mean_nll = self.reference_cache.nll.mean()
-        else:
-            mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
+            nll = batch.reference_nll[leaders]
+        mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
         weights = obj.query_weights(nll, mean_nll, algorithm.query_weight_clip)
         return weights.repeat_interleave(batch.group_size)
 
@@ -376,7 +400,8 @@ class ERPOModule(L.LightningModule):
 
     def train_on(self, rollout: RolloutBatch) -> None:
         """The optimizer steps of one rollout batch: advantages (and old log-probs when the batch is used more than
-        once) are computed here, w(q) per optimizer step (`_step_query_weights`)."""
+        once) are computed here, w(q) per optimizer step unless the batch carries it (`_step_query_weights`)."""
+        self._check_carried_weights(rollout)
         algorithm, group_size = self.algorithm, rollout.group_size
         advantages = global_advantages(
             self._trainer, rollout.rewards, group_size, algorithm.advantage_estimator, algorithm.advantage_eps
