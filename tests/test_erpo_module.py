@@ -274,6 +274,27 @@ def test_one_step_raises_good_responses_and_lowers_bad_ones(setup):
         assert (after > before) == (reward == 1.0), (row, reward, before, after)
 
 
+def test_dr_grpo_divides_by_the_rollouts_response_cap_unless_loss_constant_is_set(setup, tiny_model):
+    """Dr. GRPO's constant is the response cap: the batch carries rollout.max_new_tokens, which an unset
+    model.loss_constant takes (one value, not two); a set one wins; with neither the step is refused."""
+    path, reference, _, _ = setup
+    logprobs = rollout_batch(tiny_model).sampling_logprobs
+    rows = [row[: len(response)].tolist() for row, response in zip(logprobs, RESPONSES, strict=True)]
+
+    def loss(cap, **settings):
+        rewards = [1.0, 0.0, 1.0, 0.0]  # Σ advantage × length ≠ 0: the summed loss is not 0
+        batch = make_rollout(PROMPTS, RESPONSES, rewards, TEMPERATURE, rows, pad_token_id=PAD, max_new_tokens=cap)
+        trainer = fit_one_batch(make_module(path, reference, algorithm="dr_grpo", **settings), batch)
+        return trainer.callback_metrics["train/loss"].item()
+
+    from_batch = loss(8)
+    assert from_batch == pytest.approx(-(0.5 * 4 - 0.5 * 2 + 0.5 * 3 - 0.5 * 1) / 8 / 4, rel=1e-5)  # on-policy
+    assert loss(None, loss_constant=8.0) == pytest.approx(from_batch, rel=1e-6)
+    assert loss(8, loss_constant=16.0) == pytest.approx(from_batch / 2, rel=1e-5)
+    with pytest.raises(ValueError, match="set model.loss_constant > 0, or train on rollouts that carry"):
+        loss(None)
+
+
 def test_training_without_reference_scores_says_how_to_get_them(setup):
     path, _, batch, _ = setup
     module = ERPOModule(str(path))
@@ -301,8 +322,6 @@ def test_the_erpo_preset_is_the_papers_form(setup):
 def test_invalid_settings_are_refused_at_construction_before_any_model_load(tmp_path):
     """A path that does not exist: every check below must fire before the model would be loaded."""
     missing = str(tmp_path / "no-model-here")
-    with pytest.raises(ValueError, match="model.loss_constant.*rollout.max_new_tokens"):
-        ERPOModule(missing, algorithm="dr_grpo")
     assert ERPOModule(missing, algorithm="dr_grpo", loss_constant=256).algorithm.loss_aggregation == "seq_sum_constant"
     with pytest.raises(ValueError, match="model.advantage_estimator: 'foo'"):
         ERPOModule(missing, advantage_estimator="foo")

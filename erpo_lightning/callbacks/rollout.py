@@ -26,13 +26,12 @@ from erpo_lightning.objectives import check_group_size
 from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import (
-    TEMPERATURE_RANGE,
+    SAMPLING_RULES,
     RolloutEngine,
     Sample,
     SamplingSettings,
     declare_context,
     eval_mode,
-    is_sampling_temperature,
     pad_token_id,
     rollout_seed,
 )
@@ -42,10 +41,7 @@ from erpo_lightning.setting_rules import Rule, check_rules
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
 _SETTING_RULES: tuple[Rule, ...] = (
     ("group_size", lambda v: v >= 1, ">= 1"),
-    ("temperature", is_sampling_temperature, TEMPERATURE_RANGE),
-    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("max_new_tokens", lambda v: v >= 1, ">= 1"),
+    *(SAMPLING_RULES[name] for name in ("temperature", "top_p", "top_k", "max_new_tokens")),
     ("max_refill_rounds", lambda v: v >= 0, ">= 0"),
     ("overlong_buffer", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("overlong_penalty_factor", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
@@ -225,6 +221,7 @@ class RolloutCallback(pl.Callback):
             torch.tensor([g.query_index for g in groups]),
             pad_token_id(self.sampler.tokenizer),
             self.settings.temperature,
+            max_new_tokens=self.settings.max_new_tokens,
             reference_nll=_per_query([g.reference_nll for g in groups]),
             query_weights=_per_query([g.query_weight for g in groups]),
         )

@@ -87,8 +87,8 @@ class ERPOModule(L.LightningModule):
         num_iterations: passes (PPO epochs) over each rollout batch.
         update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
         micro_batch_tokens: token budget of one forward (rows × longest row).
-        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), e.g. rollout.max_new_tokens; required
-            by that aggregation.
+        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`); None = the response cap the rollout
+            sampled with (`RolloutBatch.max_new_tokens`, i.e. rollout.max_new_tokens: Dr. GRPO's and TRL's choice).
         learning_rate: learning rate of the default AdamW (None = 1e-6); its weight decay is `weight_decay`.
         warmup_steps: optimizer steps of the default schedule's linear warm-up (then constant).
         optimizer, lr_scheduler: callables `params -> Optimizer` and `Optimizer -> LRScheduler` (in a config:
@@ -158,11 +158,6 @@ class ERPOModule(L.LightningModule):
             compute_dtype = getattr(torch, fsdp_mixed_precision or dtype)
             self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(compute_dtype))
         self.guard = NonFiniteGuard(nan_policy, max_consecutive_skips)
-        if self.algorithm.loss_aggregation == "seq_sum_constant" and not (loss_constant or 0) > 0:
-            raise ValueError(
-                f"model.algorithm {algorithm!r} divides each response's summed loss by a constant (loss_aggregation "
-                "seq_sum_constant): set model.loss_constant > 0, e.g. to the value of rollout.max_new_tokens"
-            )
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
@@ -264,6 +259,17 @@ class ERPOModule(L.LightningModule):
             first_row += len(response)
         return old
 
+    def _check_loss_constant(self, rollout: RolloutBatch) -> None:
+        """Refuse Dr. GRPO's constant normaliser with neither `loss_constant` nor the rollout's response cap."""
+        if self.algorithm.loss_aggregation == "seq_sum_constant" and not (
+            self.hparams.loss_constant or rollout.max_new_tokens
+        ):
+            raise ValueError(
+                f"model.algorithm {self.hparams.algorithm!r} divides each response's summed loss by a constant "
+                "(loss_aggregation seq_sum_constant): set model.loss_constant > 0, or train on rollouts that carry "
+                "their response cap (RolloutCallback's; assemble_batch(..., max_new_tokens=...))"
+            )
+
     def _check_carried_weights(self, rollout: RolloutBatch) -> None:
         """Refuse a rollout batch whose carried query scores do not fit the algorithm's w(q) rule: precomputed w(q)
         comes with a dataset-static rule and only with it; per-step w(q) from the reference needs each s(q)."""
@@ -345,7 +351,8 @@ class ERPOModule(L.LightningModule):
             self.algorithm, response_lp, old, micro.advantages, micro.response_mask,
             query_lp, reference, query_mask, micro.is_group_leader,
             seq_weights=micro.query_weights if self.algorithm.use_query_weights else None,
-            constant=self.hparams.loss_constant, normalizers=normalizers, ref_response_logprobs=ref_response,
+            constant=self.hparams.loss_constant or micro.max_new_tokens, normalizers=normalizers,
+            ref_response_logprobs=ref_response,
         )  # fmt: skip
         if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
             parts["logprob_abs_diff"] = (old - micro.sampling_logprobs).abs()
@@ -401,6 +408,7 @@ class ERPOModule(L.LightningModule):
     def train_on(self, rollout: RolloutBatch) -> None:
         """The optimizer steps of one rollout batch: advantages (and old log-probs when the batch is used more than
         once) are computed here, w(q) per optimizer step unless the batch carries it (`_step_query_weights`)."""
+        self._check_loss_constant(rollout)
         self._check_carried_weights(rollout)
         algorithm, group_size = self.algorithm, rollout.group_size
         advantages = global_advantages(

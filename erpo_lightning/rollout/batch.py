@@ -38,6 +38,8 @@ class RolloutBatch:
         prompt_length: P, the prompt columns of `input_ids` / `attention_mask`.
         temperature: T the responses were sampled at (`TEMPERATURE_RANGE`); the trainer scores them under
             softmax(logits / T), the distribution `sampling_logprobs` are from.
+        max_new_tokens: the response cap the rollout sampled with (rollout.max_new_tokens), Dr. GRPO's constant
+            normaliser unless `model.loss_constant` is set; None when not known.
         reference_nll: [N] float32, s(q) of each row's query: the frozen reference's summed NLL (nats), as the
             query stream carries it (`QueryBatch.reference_nll`); None when not carried.
     Filled by the rollout when the query stream carries it, else by the training step:
@@ -60,6 +62,7 @@ class RolloutBatch:
     group_size: int
     prompt_length: int
     temperature: float
+    max_new_tokens: int | None = None
     is_group_leader: torch.Tensor | None = None
     reference_nll: torch.Tensor | None = None
     query_weights: torch.Tensor | None = None
@@ -121,6 +124,7 @@ def assemble_batch(
     query_index: torch.Tensor,
     pad_token_id: int,
     temperature: float,
+    max_new_tokens: int | None = None,
     reference_nll: torch.Tensor | None = None,
     query_weights: torch.Tensor | None = None,
 ) -> RolloutBatch:
@@ -133,6 +137,7 @@ def assemble_batch(
         query_index: [B] long, dataset rows of the prompts.
         pad_token_id: id written on padding (masked everywhere, any id works).
         temperature: T the samples were drawn at (their `logprobs` are under softmax(logits / T)).
+        max_new_tokens: the response cap they were sampled with (None: not known).
         reference_nll, query_weights: [B] the queries' scores as the query stream carries them (`QueryBatch`), or
             None; each row gets its query's.
     """
@@ -167,6 +172,7 @@ def assemble_batch(
         group_size=group_size,
         prompt_length=width_p,
         temperature=temperature,
+        max_new_tokens=max_new_tokens,
         reference_nll=per_row(reference_nll),
         query_weights=per_row(query_weights),
     )
