@@ -82,13 +82,21 @@ def rollout_batch(args, vocab_size: int) -> QueryBatch:
 
 def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module | None = None) -> None:
     """What `erpo cache` computes once before training (with the same function): the initial policy's log-probs of
-    the batch's queries, set as `module.reference_cache`. `initial`: a model holding the initial weights (None = the
-    module's policy, loaded and not yet trained)."""
+    the batch's queries, set as `module.reference_cache`; and the query scores QueryDataModule's stream carries
+    from it (s(q), and w(q) when the algorithm makes it static), on the batch's rollout. `initial`: a model holding
+    the initial weights (None = the module's policy, loaded and not yet trained)."""
+    from dataclasses import replace
+
     from erpo_lightning.data.cache import ReferenceLogprobCache
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
 
     scorer = module.policy if initial is None else initial
-    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(scorer, batch.prompt_ids))
+    cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(scorer, batch.prompt_ids))
+    module.reference_cache = cache
+    rows, table = batch.rollout.query_index, module.algorithm.query_weight_table(cache.nll)
+    batch.rollout = replace(
+        batch.rollout, reference_nll=cache.nll[rows], query_weights=None if table is None else table[rows]
+    )
 
 
 def trainer_strategy(name: Strategy):

@@ -123,14 +123,20 @@ def run_ours(args, algorithm: str) -> dict:
     module.configure_model()
     # What `erpo cache` does once before training, with the same function: the initial model's query scores.
     module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, prompt_ids))
-    batches = [  # what QueryDataModule yields; the RolloutCallback attaches each step's rollout
-        QueryBatch(
-            torch.arange(start, start + args.queries),
-            prompt_ids[start : start + args.queries],
-            answers[start : start + args.queries],
+    nll = module.reference_cache.nll
+    weights = module.algorithm.query_weight_table(nll)  # w(q) when static, made once as QueryDataModule does
+    batches = []  # what QueryDataModule yields; the RolloutCallback attaches each step's rollout
+    for start in range(0, len(prompts), args.queries):
+        rows = torch.arange(start, start + args.queries)
+        batches.append(
+            QueryBatch(
+                rows,
+                prompt_ids[start : start + args.queries],
+                answers[start : start + args.queries],
+                reference_nll=nll[rows],
+                query_weights=None if weights is None else weights[rows],
+            )  # fmt: skip
         )
-        for start in range(0, len(prompts), args.queries)
-    ]
     marks: list[tuple[float, float, float]] = []
 
     class StepStart(L.Callback):

@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+import torch
+
 from erpo_lightning.objectives import (
     DEFAULT_ADVANTAGE_EPS,
     DEFAULT_KL_CLAMP,
@@ -25,6 +27,7 @@ from erpo_lightning.objectives import (
     LossSettings,
     QueryWeightNorm,
     QueryWeightSource,
+    query_weights,
 )
 
 AlgorithmName = Literal[
@@ -101,6 +104,30 @@ class Algorithm(LossSettings):
             if len(clip) != 2 or not 0 <= clip[0] <= clip[1]:
                 raise ValueError(f"model.query_weight_clip must be [lo, hi] with 0 <= lo <= hi, or none, got {clip}")
             object.__setattr__(self, "query_weight_clip", (float(clip[0]), float(clip[1])))
+
+    @property
+    def static_query_weights(self) -> bool:
+        """Whether w(q) is a constant of each query (s(q) from the frozen reference, s̄ the training-set mean: the
+        paper's rule), made once from the reference cache (`query_weight_table`) and carried by the query stream;
+        otherwise the trainer makes it per optimizer step."""
+        return self.query_weight_source == "reference" and self.query_weight_norm == "dataset"
+
+    def query_weight_table(
+        self, reference_nll: torch.Tensor, training_nll: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """[Q] w(q) of every query under a dataset-static rule (`static_query_weights`), else None.
+
+        Args:
+            reference_nll: [Q] s(q), the frozen reference's summed NLL of each query (nats; the cache's `nll`).
+            training_nll: the s(q) that s̄ averages, those of the training queries (None = all of `reference_nll`).
+        Returns:
+            `objectives.query_weights(reference_nll, mean(training_nll), query_weight_clip)`, or None when w(q)
+            depends on the optimizer step (the current policy's s(q), or s̄ over the step's queries).
+        """
+        if not self.static_query_weights:
+            return None
+        mean_nll = (reference_nll if training_nll is None else training_nll).mean()
+        return query_weights(reference_nll, mean_nll, self.query_weight_clip)
 
 
 # The paper (arXiv 2608.23311): GRPO + Query-KL on summed query log-likelihoods (sequence k3) with α = 0.01, and

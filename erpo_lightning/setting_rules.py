@@ -17,6 +17,12 @@ def at_least(minimum: int) -> Callable[[Any], bool]:
     return lambda value: value is not None and value >= minimum
 
 
+def or_null(rule: Rule) -> Rule:
+    """`rule` for a setting that may also be null (None: a default its owner fills in), "(or null)" in its range."""
+    name, allowed, description = rule
+    return name, lambda value: value is None or allowed(value), f"{description} (or null)"
+
+
 def check_rules(group: str, settings: Mapping[str, Any], rules: tuple[Rule, ...]) -> None:
     """ValueError naming the first setting outside its range (`<group>.<field> must be <range>, got <value>`); a
     field missing from `settings` is not checked."""

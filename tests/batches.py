@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch.utils.data import DataLoader
 
+from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
 
@@ -18,6 +21,7 @@ def make_rollout(
     query_index: list[int] | None = None,
     truncated: tuple[int, ...] = (),
     pad_token_id: int = 0,
+    max_new_tokens: int | None = None,
 ) -> RolloutBatch:
     """The `RolloutBatch` of B `prompts` and their N = B·G `responses` (response b·G + g answers prompt b).
 
@@ -27,6 +31,7 @@ def make_rollout(
         logprobs: [N] lists, the sampling log-prob of each response token (None = zeros).
         query_index: [B] dataset rows of the prompts (None = 0..B-1).
         truncated: rows whose response hit the length cap.
+        max_new_tokens: the length cap the batch says it was sampled with (None = not known).
     """
     group_size = len(responses) // len(prompts)
     logprobs = logprobs or [[0.0] * len(ids) for ids in responses]
@@ -38,7 +43,17 @@ def make_rollout(
         for b in range(len(prompts))
     ]
     index = torch.arange(len(prompts)) if query_index is None else torch.tensor(query_index)
-    return assemble_batch(prompts, samples, torch.tensor(rewards), index, pad_token_id, temperature)
+    return assemble_batch(
+        prompts, samples, torch.tensor(rewards), index, pad_token_id, temperature, max_new_tokens=max_new_tokens
+    )
+
+
+def carrying_scores(rollout: RolloutBatch, algorithm: Algorithm, reference_nll: torch.Tensor) -> RolloutBatch:
+    """`rollout` with each row's query scores as QueryDataModule's stream carries them, from a reference cache's
+    `reference_nll` [Q]: s(q), and w(q) from `algorithm.query_weight_table` when its rule makes w(q) static."""
+    rows = rollout.query_index
+    table = algorithm.query_weight_table(reference_nll)
+    return replace(rollout, reference_nll=reference_nll[rows], query_weights=None if table is None else table[rows])
 
 
 def with_rollout(rollout: RolloutBatch, prompts: list[list[int]] | None = None) -> QueryBatch:

@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from batches import make_rollout, with_rollout
+from batches import carrying_scores, make_rollout, with_rollout
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -155,6 +155,7 @@ def main() -> None:
         config["update_batch_size"] //= world_size
     module = ERPOModule(args.model_dir, learning_rate=1e-3, **config)
     module.reference_cache = reference_cache(initial, batches)
+    batches = [carrying_scores(batch, module.algorithm, module.reference_cache.nll) for batch in batches]
 
     strategy = {
         "single": "auto",

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
+from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.data import (
     CacheMismatchError,
     LogprobBatching,
@@ -20,6 +22,7 @@ from erpo_lightning.data import (
 from erpo_lightning.data.reference_logprobs import plan_batches, plan_chunks
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.objectives import split_prompt_response
 from erpo_lightning.rollout.batch import QueryBatch
 from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
@@ -218,6 +221,55 @@ def test_training_batches_carry_query_rows_prompts_and_answers(tiny_dir, tmp_pat
         assert batch.answers[position] == datamodule.data.queries[q].answer
         assert batch.prompt_ids[position] == datamodule.data.prompt_ids[q]
     assert torch.equal(torch.cat([b.query_index for b in datamodule.train_dataloader()]), seen)  # seeded
+
+
+def set_up_for(datamodule: QueryDataModule, module: ERPOModule) -> QueryDataModule:
+    """`datamodule.setup("fit")` as a Trainer fitting `module` runs it (constructing the module loads nothing)."""
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(module)
+    datamodule.trainer = trainer
+    datamodule.setup("fit")
+    return datamodule
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "overrides", "clip"),
+    [("erpo", {}, (0.0, 2.0)), ("grpo", {}, (0.0, 2.0)), ("erpo", {"query_weight_clip": (0.9, 1.05)}, (0.9, 1.05))],
+)
+def test_training_batches_carry_the_dataset_static_weights_made_once(
+    tiny_dir, tmp_path, monkeypatch, algorithm, overrides, clip
+):
+    """Under the paper's rule (reference NLL over its training-set mean, clipped), every QueryBatch carries w(q),
+    made once at setup from the cache and the module's algorithm; grpo logs it without applying it, so carries it
+    too. Restated here: clip(mean(nll) / nll)."""
+    calls = []
+    table = Algorithm.query_weight_table
+    monkeypatch.setattr(Algorithm, "query_weight_table", lambda self, *a: calls.append(1) or table(self, *a))
+    module = ERPOModule(str(tiny_dir), algorithm=algorithm, **overrides)
+    datamodule = set_up_for(make_datamodule(tiny_dir, tmp_path), module)
+    nll = datamodule.cache.nll.tolist()
+    mean = sum(nll) / len(nll)
+    batches = list(datamodule.train_dataloader())
+    assert calls == [1]  # once, at setup; not per batch
+    for batch in batches:
+        s = [nll[q] for q in batch.query_index.tolist()]
+        assert batch.reference_nll.tolist() == s
+        expected = [min(max(mean / x, clip[0]), clip[1]) for x in s]
+        assert batch.query_weights.tolist() == pytest.approx(expected, rel=1e-6)
+    weights = torch.cat([batch.query_weights for batch in batches])
+    assert weights.min() < 1 < weights.max()  # the queries' weights differ
+
+
+def test_per_step_weights_are_not_precomputed_and_follow_the_fitted_module(tiny_dir, tmp_path):
+    """Weights that depend on the step (the current policy's, or s̄ over the step's queries) are left to the module,
+    with each query's reference NLL carried; a second fit of the same datamodule follows its own module's rule."""
+    datamodule = set_up_for(make_datamodule(tiny_dir, tmp_path), ERPOModule(str(tiny_dir)))
+    assert next(iter(datamodule.train_dataloader())).query_weights is not None
+    for overrides in ({"algorithm": "erpo_released"}, {"query_weight_norm": "batch"}):
+        set_up_for(datamodule, ERPOModule(str(tiny_dir), **overrides))
+        batch = next(iter(datamodule.train_dataloader()))
+        assert batch.query_weights is None
+        assert torch.equal(batch.reference_nll, datamodule.cache.nll[batch.query_index])
 
 
 def test_cache_roundtrip_keeps_every_tensor(tmp_path):

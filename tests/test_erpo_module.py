@@ -5,7 +5,7 @@ import copy
 import lightning as L
 import pytest
 import torch
-from batches import make_rollout, rollout_loader
+from batches import carrying_scores, make_rollout, rollout_loader
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.logprobs import gather_token_logprobs
@@ -75,7 +75,11 @@ def hand_loss(
     return pg_terms / tokens + algorithm_coef * sum(penalised) / len(penalised), sum(kls) / len(kls)
 
 
-def fit_one_batch(module, batch, steps=1, **trainer_kwargs):
+def fit_one_batch(module, batch, steps=1, carry=True, **trainer_kwargs):
+    """Fit `module` on `batch` `steps` times; with `carry`, the batch first gets the query scores the query stream
+    would carry for the module's reference and rule (`batches.carrying_scores`)."""
+    if carry and module.reference_cache is not None:
+        batch = carrying_scores(batch, module.algorithm, module.reference_cache.nll)
     trainer = L.Trainer(
         max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, **trainer_kwargs,
@@ -194,6 +198,49 @@ def test_reference_weights_are_logged_and_applied(setup):
     assert clipped.callback_metrics["train/query_weight_min"].item() == pytest.approx(0.9)
 
 
+class ReferenceWithoutNLL(ReferenceLogprobs):
+    """The per-token reference log-probs of `ReferenceLogprobs`, but any read of the cache's NLL fails the test."""
+
+    def __init__(self, reference):
+        self.rows = reference.rows
+
+    @property
+    def nll(self):
+        pytest.fail("the module read the reference cache's NLL")
+
+
+@pytest.mark.parametrize("norm", ["dataset", "batch"])
+def test_reference_weights_come_from_the_batch_not_the_cache(setup, norm):
+    """The stream's scores are what the module weighs by: the dataset-static w(q) as carried (the carried values
+    differ from what the cache would give), and under the batch norm the carried s(q) normalised by the step's mean;
+    the cache's NLL is never read."""
+    path, reference, batch, _ = setup
+    module = make_module(path, ReferenceWithoutNLL(reference), query_weight_norm=norm, query_weight_clip="none")
+    carried_nll = torch.tensor([2.0, 6.0])  # not the cache's 3 and 5
+    batch = carrying_scores(batch, module.algorithm, carried_nll)
+    if norm == "dataset":
+        assert batch.query_weights.tolist() == pytest.approx([2.0, 2.0, 2 / 3, 2 / 3])  # mean 4 / s(q)
+    trainer = fit_one_batch(module, batch, carry=False)
+    metrics = trainer.callback_metrics
+    assert metrics["train/query_weight_max"].item() == pytest.approx(2.0, rel=1e-6)  # 4 / 2
+    assert metrics["train/query_weight_min"].item() == pytest.approx(2 / 3, rel=1e-6)  # 4 / 6
+
+
+def test_carried_scores_that_do_not_fit_the_rule_are_refused(setup):
+    """Precomputed w(q) only with a dataset-static rule, and always with it; per-step reference weights need s(q)."""
+    path, reference, batch, _ = setup
+    with pytest.raises(ValueError, match="w\\(q\\) is a constant of each query that the query stream carries"):
+        fit_one_batch(make_module(path, reference), batch, carry=False)
+    static = carrying_scores(batch, make_module(path, reference).algorithm, reference.nll)
+    released = make_module(path, reference, algorithm="erpo_released")
+    with pytest.raises(ValueError, match="carries precomputed w\\(q\\), but with model.query_weight_source 'current'"):
+        fit_one_batch(released, static, carry=False)
+    batch_norm = make_module(path, reference, query_weight_norm="batch")
+    with pytest.raises(ValueError, match="from each query's reference NLL s\\(q\\), which this RolloutBatch"):
+        fit_one_batch(batch_norm, batch, carry=False)
+    assert released.policy_version == batch_norm.policy_version == 0  # refused before any update
+
+
 def test_current_policy_weights_released_code_option(setup):
     """query_weight_source=current, query_weight_norm=batch, no clip: w(q) = mean NLL of the step's queries / NLL(q)."""
     path, reference, batch, model = setup
@@ -227,6 +274,27 @@ def test_one_step_raises_good_responses_and_lowers_bad_ones(setup):
         assert (after > before) == (reward == 1.0), (row, reward, before, after)
 
 
+def test_dr_grpo_divides_by_the_rollouts_response_cap_unless_loss_constant_is_set(setup, tiny_model):
+    """Dr. GRPO's constant is the response cap: the batch carries rollout.max_new_tokens, which an unset
+    model.loss_constant takes (one value, not two); a set one wins; with neither the step is refused."""
+    path, reference, _, _ = setup
+    logprobs = rollout_batch(tiny_model).sampling_logprobs
+    rows = [row[: len(response)].tolist() for row, response in zip(logprobs, RESPONSES, strict=True)]
+
+    def loss(cap, **settings):
+        rewards = [1.0, 0.0, 1.0, 0.0]  # Σ advantage × length ≠ 0: the summed loss is not 0
+        batch = make_rollout(PROMPTS, RESPONSES, rewards, TEMPERATURE, rows, pad_token_id=PAD, max_new_tokens=cap)
+        trainer = fit_one_batch(make_module(path, reference, algorithm="dr_grpo", **settings), batch)
+        return trainer.callback_metrics["train/loss"].item()
+
+    from_batch = loss(8)
+    assert from_batch == pytest.approx(-(0.5 * 4 - 0.5 * 2 + 0.5 * 3 - 0.5 * 1) / 8 / 4, rel=1e-5)  # on-policy
+    assert loss(None, loss_constant=8.0) == pytest.approx(from_batch, rel=1e-6)
+    assert loss(8, loss_constant=16.0) == pytest.approx(from_batch / 2, rel=1e-5)
+    with pytest.raises(ValueError, match="set model.loss_constant > 0, or train on rollouts that carry"):
+        loss(None)
+
+
 def test_training_without_reference_scores_says_how_to_get_them(setup):
     path, _, batch, _ = setup
     module = ERPOModule(str(path))
@@ -254,8 +322,6 @@ def test_the_erpo_preset_is_the_papers_form(setup):
 def test_invalid_settings_are_refused_at_construction_before_any_model_load(tmp_path):
     """A path that does not exist: every check below must fire before the model would be loaded."""
     missing = str(tmp_path / "no-model-here")
-    with pytest.raises(ValueError, match="model.loss_constant.*rollout.max_new_tokens"):
-        ERPOModule(missing, algorithm="dr_grpo")
     assert ERPOModule(missing, algorithm="dr_grpo", loss_constant=256).algorithm.loss_aggregation == "seq_sum_constant"
     with pytest.raises(ValueError, match="model.advantage_estimator: 'foo'"):
         ERPOModule(missing, advantage_estimator="foo")

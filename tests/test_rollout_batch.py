@@ -57,11 +57,27 @@ def test_assemble_batch_matches_hand_built():
     assert torch.equal(batch.is_group_leader, torch.tensor([True, False, True, False]))
     assert batch.input_ids.dtype == batch.query_index.dtype == torch.long
     assert batch.advantages is None and batch.old_logprobs is None and batch.query_weights is None
+    assert batch.reference_nll is None  # nothing carried: None, not zeros
+
+
+def test_assemble_batch_gives_each_row_its_querys_carried_scores():
+    """The query stream's per-query s(q) and w(q) ([B]) reach every row of the query's group ([N])."""
+    samples = [[Sample([5], [-0.1], "stop")] * 3, [Sample([6], [-0.2], "stop")] * 3]
+    batch = assemble_batch(
+        [[1], [2, 3]], samples, torch.zeros(6), torch.tensor([4, 0]), PAD, 1.0,
+        reference_nll=torch.tensor([12.5, 3.0]), query_weights=torch.tensor([0.5, 1.75]),
+    )  # fmt: skip
+    assert batch.reference_nll.tolist() == [12.5] * 3 + [3.0] * 3
+    assert batch.query_weights.tolist() == [0.5] * 3 + [1.75] * 3
+    assert batch.query_weights.dtype == batch.reference_nll.dtype == torch.float32
 
 
 def test_select_rows_slices_every_row_field_and_keeps_the_rest():
     batch = make_rollout([[1, 2], [3]], [[4], [5, 6], [7], [8, 9, 10]], [1.0, 0.0, 0.0, 1.0], 0.6, query_index=[5, 9])
-    batch = replace(batch, advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]), old_logprobs=batch.sampling_logprobs + 1)
+    batch = replace(
+        batch, advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]), old_logprobs=batch.sampling_logprobs + 1,
+        reference_nll=torch.tensor([3.0, 3.0, 5.0, 5.0]), query_weights=torch.tensor([1.2, 1.2, 0.8, 0.8]),
+    )  # fmt: skip
     rows = torch.tensor([1, 2])
     part = batch.select_rows(rows)
     for field in fields(RolloutBatch):

@@ -80,7 +80,8 @@ class PolicyModule(pl.LightningModule):
 
 def query_loader(golds: list[str], batch_size: int) -> DataLoader:
     """`QueryBatch`es like QueryDataModule's, in file order from its query stream (which dynamic-sampling refills draw
-    from); `loader.dataset[i]` is query i's `prompt_ids` and `answers`."""
+    from); `loader.dataset[i]` is query i's `prompt_ids` and `answers`, and its carried scores `reference_nll`
+    (10 + i) and `query_weights` (1 + i / 10), distinct per query."""
     tokenizer = build_byte_tokenizer()
     items = [
         {
@@ -89,6 +90,8 @@ def query_loader(golds: list[str], batch_size: int) -> DataLoader:
                 [{"role": "user", "content": "question " * (i % 3) + str(i)}], add_generation_prompt=True
             )["input_ids"],
             "answers": gold,
+            "reference_nll": 10.0 + i,
+            "query_weights": 1.0 + i / 10,
         }
         for i, gold in enumerate(golds)
     ]
@@ -98,6 +101,8 @@ def query_loader(golds: list[str], batch_size: int) -> DataLoader:
             torch.tensor([r["query_index"] for r in rows]),
             [r["prompt_ids"] for r in rows],
             [r["answers"] for r in rows],
+            reference_nll=torch.tensor([r["reference_nll"] for r in rows]),
+            query_weights=torch.tensor([r["query_weights"] for r in rows]),
         )
 
     return DataLoader(items, batch_sampler=QueryBatchSampler(len(items), batch_size, shuffle=False), collate_fn=collate)
@@ -140,6 +145,8 @@ def check_rollout_batch(batch: RolloutBatch, queries, tokenizer, reward: ParityR
         prompt = query["prompt_ids"]
         assert batch.input_ids[row, width_p - len(prompt) : width_p].tolist() == prompt
         assert batch.query_index[row] == batch.query_index[row - row % GROUP_SIZE]
+        assert batch.reference_nll[row].item() == pytest.approx(query["reference_nll"])  # the stream's scores
+        assert batch.query_weights[row].item() == pytest.approx(query["query_weights"])
         response = batch.input_ids[row, width_p:][batch.response_mask[row].bool()].tolist()
         text = tokenizer.decode(response, skip_special_tokens=True)
         assert batch.rewards[row] == reward([text], [query["answers"]])[0]

@@ -1,7 +1,8 @@
 """RolloutCallback: before every training step, sample G responses per query, score them, attach the batch.
 
 The step's `QueryBatch` gets its `rollout`: the `RolloutBatch` of the B kept queries (with dynamic sampling, not
-necessarily the loader's B), on the module's device. Metrics are logged under `rollout/`.
+necessarily the loader's B), on the module's device, each row with its query's scores as the query stream carried
+them (reference NLL, precomputed w(q)). Metrics are logged under `rollout/`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from erpo_lightning.objectives import check_group_size
 from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import (
-    TEMPERATURE_RANGE,
+    SAMPLING_RULES,
     RolloutEngine,
     Sample,
     SamplingSettings,
     declare_context,
     eval_mode,
-    is_sampling_temperature,
     pad_token_id,
     rollout_seed,
 )
@@ -41,10 +41,7 @@ from erpo_lightning.setting_rules import Rule, check_rules
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
 _SETTING_RULES: tuple[Rule, ...] = (
     ("group_size", lambda v: v >= 1, ">= 1"),
-    ("temperature", is_sampling_temperature, TEMPERATURE_RANGE),
-    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("max_new_tokens", lambda v: v >= 1, ">= 1"),
+    *(SAMPLING_RULES[name] for name in ("temperature", "top_p", "top_k", "max_new_tokens")),
     ("max_refill_rounds", lambda v: v >= 0, ">= 0"),
     ("overlong_buffer", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("overlong_penalty_factor", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
@@ -61,14 +58,21 @@ def check_rollout_settings(settings: Mapping[str, Any]) -> None:
 
 @dataclass
 class _Group:
-    """One query (its dataset row, prompt and gold answer) and its G scored samples."""
+    """One query (its dataset row, prompt, and scores as the query stream carries them) and its G scored samples."""
 
     query_index: int
     prompt_ids: list[int]
+    reference_nll: torch.Tensor | None  # 0-dim s(q), or None (see `QueryBatch`)
+    query_weight: torch.Tensor | None  # 0-dim precomputed w(q), or None
     samples: list[Sample]
     rewards: torch.Tensor  # [G] after overlong shaping: what the advantages see
     correct: torch.Tensor  # [G] bool, raw reward at least the correct threshold
     informative: bool  # rewards not all equal
+
+
+def _per_query(values: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """[B] of the groups' carried scores; None when the query stream carried none (it carries all or none)."""
+    return None if values[0] is None else torch.stack(values)
 
 
 class RolloutCallback(pl.Callback):
@@ -217,6 +221,9 @@ class RolloutCallback(pl.Callback):
             torch.tensor([g.query_index for g in groups]),
             pad_token_id(self.sampler.tokenizer),
             self.settings.temperature,
+            max_new_tokens=self.settings.max_new_tokens,
+            reference_nll=_per_query([g.reference_nll for g in groups]),
+            query_weights=_per_query([g.query_weight for g in groups]),
         )
         if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
             metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
@@ -296,6 +303,8 @@ class RolloutCallback(pl.Callback):
             _Group(
                 int(batch.query_index[b]),
                 prompts[b],
+                None if batch.reference_nll is None else batch.reference_nll[b],
+                None if batch.query_weights is None else batch.query_weights[b],
                 graded.samples[b],
                 shaped[b],
                 graded.correct[b],

@@ -1,8 +1,11 @@
 """`QueryDataModule`: streams training queries (`QueryBatch`) and serves their cached reference log-probs.
 
 On `setup("fit")` it loads and validates the sources, renders the prompts, and loads the reference score cache, or
-computes it (sharded across the trainer's ranks) when it is missing. The LightningModule takes `datamodule.cache`
-and reads per-token reference log-probs (`ReferenceLogprobCache.padded`) and, for w(q), the reference NLL from it.
+computes it (sharded across the trainer's ranks) when it is missing; from the cache it then makes, once, the w(q) of
+every query when the trained module's algorithm makes it a constant of the query (the paper's reference-derived,
+dataset-normalised weights). Each `QueryBatch` carries its queries' reference NLL s(q) and those w(q). The
+LightningModule takes `datamodule.cache` for the per-token reference log-probs of Query-KL
+(`ReferenceLogprobCache.padded`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.data.cache import (
     SCORES_FILE,
     CacheCorruptError,
@@ -93,10 +97,14 @@ def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
 
 
 class QueryDataModule(LightningDataModule):
-    """Training queries for RLVR with ERPO's frozen-reference query log-probs (the weights w(q) are the module's).
+    """Training queries for RLVR with ERPO's frozen-reference query scores: per-token log-probs (the module reads
+    them from `cache`), and each query's NLL s(q) and, when the module's rule makes it static, its w(q) (in every
+    `QueryBatch`).
 
     The constructor only checks the settings (`check_data_settings`, as `erpo` does before anything loads); the
-    tokenizer loads on first use, the data and the cache in `setup`.
+    tokenizer loads on first use, the data, the cache and the w(q) table in `setup`. The w(q) rule has one owner,
+    the trained module's `algorithm` (`Algorithm.query_weight_table`), which `setup("fit")` reads: this module has
+    no w(q) setting.
 
     Args:
         model_path: local directory or Hub id of the initial policy: its tokenizer renders the prompts and its
@@ -159,6 +167,8 @@ class QueryDataModule(LightningDataModule):
         self.score_settings = LogprobBatching(cache_max_tokens, cache_batch_size, cache_chunk_size)
         self.data: PreparedQueries | None = None
         self.cache: ReferenceLogprobCache | None = None
+        # [Q] w(q) of every query when the module's algorithm makes it static (made in setup("fit")), else None.
+        self.query_weights: torch.Tensor | None = None
         self.batch_sampler: QueryBatchSampler | None = None
         self.cache_digest: str | None = None  # fingerprint of the reference scores in use, saved in checkpoints
         self._resume_position: dict | None = None  # from a checkpoint, used by the next train_dataloader()
@@ -186,15 +196,21 @@ class QueryDataModule(LightningDataModule):
         return self.data
 
     def setup(self, stage: str | None = None) -> None:
-        fitting = stage in ("fit", None) and self.cache is None
+        fitting = stage in ("fit", None)
+        building = fitting and self.cache is None
         trainer = self.trainer
         module = trainer.lightning_module if trainer is not None else None
         strategy = trainer.strategy if trainer is not None else None
-        if fitting:
+        if building:
             self.reference_dtype(module, strategy)  # a dtype conflict fails before the data is read
         self.prepare_queries()
-        if fitting:
+        if building:
             self.attach_cache(self.build_or_load_cache(strategy=strategy, module=module))
+        if fitting:  # made for this fit's module, also when the cache was set up before it
+            algorithm = getattr(module, "algorithm", None)  # the w(q) rule's owner: ERPOModule.algorithm
+            self.query_weights = (
+                algorithm.query_weight_table(self.cache.nll) if isinstance(algorithm, Algorithm) else None
+            )
 
     def attach_cache(self, cache: ReferenceLogprobCache) -> None:
         """Serve `cache` as the reference log-probs and NLL of this run's queries."""
@@ -206,10 +222,13 @@ class QueryDataModule(LightningDataModule):
         """The `QueryBatch` of dataset rows `indices`."""
         if self.cache is None:
             raise RuntimeError("QueryDataModule.setup('fit') has not run: no reference scores to batch with")
+        index = torch.as_tensor(indices, dtype=torch.long)
         return QueryBatch(
-            query_index=torch.as_tensor(indices, dtype=torch.long),
+            query_index=index,
             prompt_ids=[list(self.data.prompt_ids[i]) for i in indices],
             answers=[self.data.queries[i].answer for i in indices],
+            reference_nll=self.cache.nll[index],
+            query_weights=None if self.query_weights is None else self.query_weights[index],
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -22,9 +22,15 @@ from erpo_lightning.data.sources import DataError, SourceSpec, describe, resolve
 from erpo_lightning.data.templates import PromptTemplate, resolve_template
 from erpo_lightning.evaluation.sweep_metrics import SweepMetric
 from erpo_lightning.memory import release_free_heap
-from erpo_lightning.rollout.engine import TEMPERATURE_RANGE, declare_context, derive_seed, is_sampling_temperature
+from erpo_lightning.rollout.engine import (
+    SAMPLING_RULES,
+    TEMPERATURE_RANGE,
+    declare_context,
+    derive_seed,
+    is_sampling_temperature,
+)
 from erpo_lightning.rollout.sampler import GradedGroups, RolloutSampler
-from erpo_lightning.setting_rules import Rule, check_rules
+from erpo_lightning.setting_rules import Rule, check_rules, or_null
 
 DEFAULT_TEMPERATURES = [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5]
 
@@ -86,9 +92,9 @@ class SweepConfig:
         if bad:
             raise ValueError(f"sweep.temperatures: every temperature must be {TEMPERATURE_RANGE} (got {bad})")
         rules: tuple[Rule, ...] = (
-            ("max_new_tokens", lambda v: v is None or v >= 1, ">= 1 (or null)"),
-            ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-            ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+            or_null(SAMPLING_RULES["max_new_tokens"]),  # null: the RolloutCallback's
+            SAMPLING_RULES["top_p"],
+            SAMPLING_RULES["top_k"],
             ("max_problems", lambda v: v is None or v >= 1, ">= 1 (or null)"),
             ("batch_size", lambda v: v >= 1, ">= 1"),
             ("max_prompt_length", lambda v: v >= 1, ">= 1"),

@@ -148,12 +148,15 @@ class ERPOTrainer(GRPOTrainer):
         self.algorithm = algorithm
         if self.args.weight_decay == _default("weight_decay"):  # an optimizer default of the preset (erpo_released)
             self.args.weight_decay = algorithm.weight_decay
-        prompts, self._num_train = _dataset_prompts(self)
+        prompts, num_train = _dataset_prompts(self)
         prompt_ids = _prompt_ids(self, prompts)
         manifest = reference_manifest(self.model, self.processing_class, prompts, prompt_ids, _template(self, prompts))
         directory = Path(reference_dir or Path(self.args.output_dir) / "erpo_reference")
         with self.accelerator.main_process_first():
             self.reference_cache = load_or_score(self.model, prompt_ids, directory, manifest)
+        # [rows] w(q) of every scored prompt when the algorithm makes it static, made once: s̄ is the training set's.
+        nll = self.reference_cache.nll
+        self._query_weight_table = algorithm.query_weight_table(nll, nll[:num_train])
         self._cache_row = {}  # prompt token ids -> first cache row holding them
         for row, ids in enumerate(prompt_ids):
             self._cache_row.setdefault(tuple(ids), row)
@@ -186,8 +189,11 @@ class ERPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _query_weights(self, rows: torch.Tensor, prompt_ids, prompt_mask, is_leader) -> torch.Tensor | None:
         """[N] w(q) of each row's query (`objectives.query_weights` with the algorithm's source, norm and clip), or
-        None when it is not applied and would cost a forward."""
+        None when it is not applied and would cost a forward. A dataset-static w(q) is read from the table made in
+        `__init__`."""
         algorithm, device = self.algorithm, prompt_ids.device
+        if self._query_weight_table is not None:
+            return self._query_weight_table[rows].to(device)
         if algorithm.query_weight_source == "current":  # one no-grad forward over each distinct prompt
             if not algorithm.use_query_weights:
                 return None
@@ -198,12 +204,9 @@ class ERPOTrainer(GRPOTrainer):
             nll = -(logprobs * obj.query_token_mask(mask, ids.shape[1])).sum(-1)[inverse.to(device)]
         else:
             nll = self.reference_cache.nll[rows].to(device)
-        if algorithm.query_weight_norm == "dataset":
-            mean_nll = self.reference_cache.nll[: self._num_train].mean()  # s̄ over the training set
-        else:  # over the step's queries on all processes
-            totals = self.accelerator.reduce(torch.stack([nll[is_leader].sum(), is_leader.sum().float()]), "sum")
-            mean_nll = totals[0] / totals[1]
-        return obj.query_weights(nll, mean_nll, algorithm.query_weight_clip)
+        # s̄ over the step's queries on all processes
+        totals = self.accelerator.reduce(torch.stack([nll[is_leader].sum(), is_leader.sum().float()]), "sum")
+        return obj.query_weights(nll, totals[0] / totals[1], algorithm.query_weight_clip)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)

@@ -87,8 +87,8 @@ class ERPOModule(L.LightningModule):
         num_iterations: passes (PPO epochs) over each rollout batch.
         update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
         micro_batch_tokens: token budget of one forward (rows × longest row).
-        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), e.g. rollout.max_new_tokens; required
-            by that aggregation.
+        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`); None = the response cap the rollout
+            sampled with (`RolloutBatch.max_new_tokens`, i.e. rollout.max_new_tokens: Dr. GRPO's and TRL's choice).
         learning_rate: learning rate of the default AdamW (None = 1e-6); its weight decay is `weight_decay`.
         warmup_steps: optimizer steps of the default schedule's linear warm-up (then constant).
         optimizer, lr_scheduler: callables `params -> Optimizer` and `Optimizer -> LRScheduler` (in a config:
@@ -158,15 +158,10 @@ class ERPOModule(L.LightningModule):
             compute_dtype = getattr(torch, fsdp_mixed_precision or dtype)
             self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(compute_dtype))
         self.guard = NonFiniteGuard(nan_policy, max_consecutive_skips)
-        if self.algorithm.loss_aggregation == "seq_sum_constant" and not (loss_constant or 0) > 0:
-            raise ValueError(
-                f"model.algorithm {algorithm!r} divides each response's summed loss by a constant (loss_aggregation "
-                "seq_sum_constant): set model.loss_constant > 0, e.g. to the value of rollout.max_new_tokens"
-            )
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
-        # A data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]` log-probs, `nll` [Q] (nats).
+        # A data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]` reference log-probs (Query-KL).
         self.reference_cache: Any = None
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
         self.train_metrics = build_train_metrics()
@@ -264,17 +259,55 @@ class ERPOModule(L.LightningModule):
             first_row += len(response)
         return old
 
+    def _check_loss_constant(self, rollout: RolloutBatch) -> None:
+        """Refuse Dr. GRPO's constant normaliser with neither `loss_constant` nor the rollout's response cap."""
+        if self.algorithm.loss_aggregation == "seq_sum_constant" and not (
+            self.hparams.loss_constant or rollout.max_new_tokens
+        ):
+            raise ValueError(
+                f"model.algorithm {self.hparams.algorithm!r} divides each response's summed loss by a constant "
+                "(loss_aggregation seq_sum_constant): set model.loss_constant > 0, or train on rollouts that carry "
+                "their response cap (RolloutCallback's; assemble_batch(..., max_new_tokens=...))"
+            )
+
+    def _check_carried_weights(self, rollout: RolloutBatch) -> None:
+        """Refuse a rollout batch whose carried query scores do not fit the algorithm's w(q) rule: precomputed w(q)
+        comes with a dataset-static rule and only with it; per-step w(q) from the reference needs each s(q)."""
+        source, norm = self.algorithm.query_weight_source, self.algorithm.query_weight_norm
+        static = self.algorithm.static_query_weights
+        rule = f"model.query_weight_source {source!r} and query_weight_norm {norm!r}"
+        if static and rollout.query_weights is None:
+            raise ValueError(
+                f"with {rule}, w(q) is a constant of each query that the query stream carries, but this RolloutBatch "
+                "has none: train with QueryDataModule (which makes them at setup), or build the batch with "
+                "assemble_batch(..., query_weights=module.algorithm.query_weight_table(cache.nll)[query_index])"
+            )
+        if not static and rollout.query_weights is not None:
+            raise ValueError(
+                f"this RolloutBatch carries precomputed w(q), but with {rule} w(q) is made per optimizer step: its "
+                "query stream was set up for another algorithm"
+            )
+        if source == "reference" and not static and rollout.reference_nll is None:
+            raise ValueError(
+                f"with {rule}, w(q) is normalised per optimizer step from each query's reference NLL s(q), which "
+                "this RolloutBatch does not carry: train with QueryDataModule, or build the batch with "
+                "assemble_batch(..., reference_nll=cache.nll[query_index])"
+            )
+
     @torch.no_grad()
     def _step_query_weights(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """w(q) of an optimizer step's rows, [N]: `objectives.query_weights(s(q), s̄, clip)` with the algorithm's
-        `query_weight_source`, `query_weight_norm` and `query_weight_clip` (the one place w(q) is made).
+        """w(q) of an optimizer step's rows, [N], when it depends on the step: `objectives.query_weights(s(q), s̄,
+        clip)` with the algorithm's `query_weight_source`, `query_weight_norm` and `query_weight_clip`.
 
-        s(q) is the cached reference NLL, or the current policy's (one no-grad forward over the group leaders'
-        prompts before the step: the released code's `prepare_backward_batch`); s̄ is the reference's training-set
-        mean, or the mean over the step's queries on all ranks. None when w(q) is not applied and would cost that
-        forward; otherwise it is computed (and logged) even when not applied.
+        A dataset-static w(q) (`Algorithm.static_query_weights`) is the query stream's, made once at set-up and
+        carried by the batch: it is returned as is. Otherwise s̄ is the mean over the step's queries on all ranks and
+        s(q) is the carried reference NLL, or the current policy's (one no-grad forward over the group leaders'
+        prompts before the step: the released code's `prepare_backward_batch`). None when w(q) is not applied and
+        would cost that forward; otherwise it is computed (and logged) even when not applied.
         """
         algorithm, leaders, width = self.algorithm, batch.is_group_leader, batch.prompt_length
+        if algorithm.static_query_weights:
+            return batch.query_weights
         if algorithm.query_weight_source == "current":
             if not algorithm.use_query_weights:
                 return None
@@ -282,11 +315,8 @@ class ERPOModule(L.LightningModule):
             logprobs = sequence_logprobs(self.policy, prompt_ids, prompt_mask)
             nll = -(logprobs * obj.query_token_mask(prompt_mask, width)).sum(-1)
         else:
-            nll = self.reference_cache.nll[batch.query_index[leaders].cpu()].to(self.device)
-        if algorithm.query_weight_norm == "dataset":
-            mean_nll = self.reference_cache.nll.mean()
-        else:
-            mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
+            nll = batch.reference_nll[leaders]
+        mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
         weights = obj.query_weights(nll, mean_nll, algorithm.query_weight_clip)
         return weights.repeat_interleave(batch.group_size)
 
@@ -321,7 +351,8 @@ class ERPOModule(L.LightningModule):
             self.algorithm, response_lp, old, micro.advantages, micro.response_mask,
             query_lp, reference, query_mask, micro.is_group_leader,
             seq_weights=micro.query_weights if self.algorithm.use_query_weights else None,
-            constant=self.hparams.loss_constant, normalizers=normalizers, ref_response_logprobs=ref_response,
+            constant=self.hparams.loss_constant or micro.max_new_tokens, normalizers=normalizers,
+            ref_response_logprobs=ref_response,
         )  # fmt: skip
         if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
             parts["logprob_abs_diff"] = (old - micro.sampling_logprobs).abs()
@@ -376,7 +407,9 @@ class ERPOModule(L.LightningModule):
 
     def train_on(self, rollout: RolloutBatch) -> None:
         """The optimizer steps of one rollout batch: advantages (and old log-probs when the batch is used more than
-        once) are computed here, w(q) per optimizer step (`_step_query_weights`)."""
+        once) are computed here, w(q) per optimizer step unless the batch carries it (`_step_query_weights`)."""
+        self._check_loss_constant(rollout)
+        self._check_carried_weights(rollout)
         algorithm, group_size = self.algorithm, rollout.group_size
         advantages = global_advantages(
             self._trainer, rollout.rewards, group_size, algorithm.advantage_estimator, algorithm.advantage_eps

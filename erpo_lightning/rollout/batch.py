@@ -5,6 +5,8 @@ Lightning).
 trains on: their N = B·G rows, groups of G consecutive rows in query order, P = longest prompt, R = longest
 response; each row is `[prompt; response]`, the prompt left-padded to P and the response right-padded to R with the
 pad id. The RolloutCallback builds one per step (`assemble_batch`) and attaches it to the step's `QueryBatch`.
+Each query's scores from the frozen reference travel with it: its summed NLL s(q) and, when the algorithm's w(q) is
+a constant of the query (`Algorithm.static_query_weights`), w(q) itself, made once when the data is set up.
 """
 
 from __future__ import annotations
@@ -36,11 +38,18 @@ class RolloutBatch:
         prompt_length: P, the prompt columns of `input_ids` / `attention_mask`.
         temperature: T the responses were sampled at (`TEMPERATURE_RANGE`); the trainer scores them under
             softmax(logits / T), the distribution `sampling_logprobs` are from.
+        max_new_tokens: the response cap the rollout sampled with (rollout.max_new_tokens), Dr. GRPO's constant
+            normaliser unless `model.loss_constant` is set; None when not known.
+        reference_nll: [N] float32, s(q) of each row's query: the frozen reference's summed NLL (nats), as the
+            query stream carries it (`QueryBatch.reference_nll`); None when not carried.
+    Filled by the rollout when the query stream carries it, else by the training step:
+        query_weights: [N] float32, w(q) of each row's query: the stream's precomputed w(q) under a dataset-static
+            rule (`Algorithm.static_query_weights`), otherwise (None from the rollout) made by `ERPOModule` for the
+            optimizer step the rows belong to.
     Filled by the training step (`ERPOModule`, None before), the values the loss reads besides the rollout's:
         advantages: [N] float32, one per row.
         old_logprobs: [N, R] float32, the policy's log-probs before this batch's first update (None = on-policy:
             the current forward, detached, is the old policy).
-        query_weights: [N] float32, w(q) of each row's query for the optimizer step the rows belong to.
     """
 
     input_ids: torch.Tensor
@@ -53,10 +62,12 @@ class RolloutBatch:
     group_size: int
     prompt_length: int
     temperature: float
+    max_new_tokens: int | None = None
     is_group_leader: torch.Tensor | None = None
+    reference_nll: torch.Tensor | None = None
+    query_weights: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
-    query_weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not is_sampling_temperature(self.temperature):
@@ -90,12 +101,19 @@ class QueryBatch:
         query_index: [B] long, the dataset row (and reference-cache row) of each query.
         prompt_ids: B unpadded prompts (token ids, template applied).
         answers: B gold answers, as the source gives them.
+        reference_nll: [B] float32, s(q): the frozen reference's summed NLL of each query (nats, the cache's
+            `nll`); None when not carried.
+        query_weights: [B] float32, w(q) of each query when it is a constant of the query
+            (`Algorithm.static_query_weights`), read from the table made once at set-up
+            (`Algorithm.query_weight_table`); None otherwise (the module makes it per optimizer step).
         rollout: the step's `RolloutBatch`, attached by the RolloutCallback before `training_step`; None before.
     """
 
     query_index: torch.Tensor
     prompt_ids: list[list[int]]
     answers: list[str]
+    reference_nll: torch.Tensor | None = None
+    query_weights: torch.Tensor | None = None
     rollout: RolloutBatch | None = None
 
 
@@ -106,6 +124,9 @@ def assemble_batch(
     query_index: torch.Tensor,
     pad_token_id: int,
     temperature: float,
+    max_new_tokens: int | None = None,
+    reference_nll: torch.Tensor | None = None,
+    query_weights: torch.Tensor | None = None,
 ) -> RolloutBatch:
     """Pack B prompts and their G samples each into a `RolloutBatch` (on the CPU).
 
@@ -116,8 +137,17 @@ def assemble_batch(
         query_index: [B] long, dataset rows of the prompts.
         pad_token_id: id written on padding (masked everywhere, any id works).
         temperature: T the samples were drawn at (their `logprobs` are under softmax(logits / T)).
+        max_new_tokens: the response cap they were sampled with (None: not known).
+        reference_nll, query_weights: [B] the queries' scores as the query stream carries them (`QueryBatch`), or
+            None; each row gets its query's.
     """
     group_size = len(samples[0])
+
+    def per_row(per_query: torch.Tensor | None) -> torch.Tensor | None:
+        if per_query is None:
+            return None
+        return torch.as_tensor(per_query, dtype=torch.float32).repeat_interleave(group_size)
+
     rows = [(prompt_ids[b], sample) for b in range(len(prompt_ids)) for sample in samples[b]]
     n = len(rows)
     width_p = max(len(prompt) for prompt, _ in rows)
@@ -142,6 +172,9 @@ def assemble_batch(
         group_size=group_size,
         prompt_length=width_p,
         temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        reference_nll=per_row(reference_nll),
+        query_weights=per_row(query_weights),
     )
 
 

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from erpo_lightning.setting_rules import Rule
+
 FinishReason = Literal["stop", "length"]
 # The one range rule of a sampling temperature, for every setting that holds one (rollout, sweep, SamplingSettings).
 TEMPERATURE_RANGE = "> 0 and finite (greedy decoding, T = 0, has no log-probs to train on)"
@@ -26,6 +28,18 @@ TEMPERATURE_RANGE = "> 0 and finite (greedy decoding, T = 0, has no log-probs to
 def is_sampling_temperature(value: float) -> bool:
     """Whether `value` is a temperature an engine samples at and the trainer scores at: finite and > 0."""
     return math.isfinite(value) and value > 0
+
+
+# The range rules of the sampling settings, one entry per field, for every owner of one (the rollout's, the sweep's).
+SAMPLING_RULES: dict[str, Rule] = {
+    rule[0]: rule
+    for rule in (
+        ("temperature", is_sampling_temperature, TEMPERATURE_RANGE),
+        ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("max_new_tokens", lambda v: v >= 1, ">= 1"),
+    )
+}
 
 
 @dataclass
