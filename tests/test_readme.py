@@ -91,10 +91,27 @@ def check_quoted_claims(text: str, minimum: int, claims_file: str = "toy_study_c
         assert claim["median"] is None or f"{claim['median']:.3g}" in line, (claim["key"], line)
 
 
+def bullet_linking(text: str, target: str) -> str:
+    """The one bullet of `text` that links `target` (the studies share claim wordings, so each is read alone)."""
+    bullets = [item for item in re.split(r"\n(?=- )", text) if f"]({target})" in item]
+    assert len(bullets) == 1, f"expected one bullet linking {target}, found {len(bullets)}"
+    return bullets[0]
+
+
 def test_toy_study_claims_in_the_readme_are_the_shipped_claims():
-    bullets = section(README, "## What ERPO does, measured")
-    assert "](docs/toy_study.md)" in bullets and "](docs/results.md)" in bullets
-    check_quoted_claims(bullets, minimum=2)
+    bullet = bullet_linking(section(README, "## What ERPO does, measured"), "docs/toy_study.md")
+    assert "](docs/results.md)" in bullet
+    check_quoted_claims(bullet, minimum=2)
+
+
+def test_real_model_study_claims_in_the_readme_and_results_page_are_the_reports():
+    bullet = bullet_linking(section(README, "## What ERPO does, measured"), "docs/real_model_study.md")
+    check_quoted_claims(bullet, minimum=2, claims_file="real_model_study_claims.json")
+    results = DOCS / "results.md"
+    heading = next(line for line in results.read_text().splitlines() if line.startswith("## On a real model"))
+    text = section(results, heading)
+    assert "](real_model_study.md)" in text and "](real_model_study_plan.md)" in text
+    check_quoted_claims(text, minimum=2, claims_file="real_model_study_claims.json")
 
 
 def test_toy_study_claims_in_the_results_page_are_the_shipped_claims():
