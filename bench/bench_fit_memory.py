@@ -13,6 +13,11 @@ the wall time.
 
     .venv/bin/python bench/bench_fit_memory.py --config configs/smollm2_arith.yaml \\
         --model "$(.venv/bin/python -m erpo_lightning.real_model)" --steps 4 --sweep-problems 25
+
+`--built-vocab` swaps the model for a randomly initialised Qwen2 with SmolLM2-135M's body (30 layers, hidden 576, 9
+heads, 3 KV heads, MLP 1,536) and either the byte tokenizer (`bytes`: 320 tokens) or `--model`'s tokenizer (`model`:
+49,152 for SmolLM2), built into the run's temporary folder with its own reference cache: the two differ only in the
+vocabulary, which is what the planning table in docs/real_model.md compares.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import time
 from pathlib import Path
 
 from interleave import alternating
+from transformers import AutoTokenizer
+
+from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, build_tiny_qwen2
 
 REPO = Path(__file__).resolve().parent.parent
 ERPO = str(Path(sys.executable).with_name("erpo"))
@@ -36,24 +44,47 @@ ERPO = str(Path(sys.executable).with_name("erpo"))
 # micro-batch token budget before 2026-12-02 (4,096), i.e. the code and config before the memory work. The other two
 # are the candidates measured first, through glibc's own environment variables (read at process start): a fixed
 # 1 MiB mmap threshold (blocks from 1 MiB up mapped one by one and unmapped on free; fixing it also stops glibc
-# raising it after each large free), and two arenas instead of eight per core.
+# raising it after each large free), and two arenas instead of eight per core. The last three are the candidates for
+# a step's own peak, on top of the package: half the micro-batch (activations and logits scale with its tokens), half
+# the KV cache (vLLM's preallocated block pool), and recomputing each layer's activations in backward.
 UNTUNED = {"ERPO_MALLOC_TRIM": "0"}
+MICRO_512 = ["--model.micro_batch_tokens", "512"]
+KV_512MIB = ["--rollout.engine.init_args.kv_cache_memory_bytes", str(2**29)]
 SIDES: dict[str, dict] = {
     "package": {"env": {}, "flags": []},
     "untuned": {"env": UNTUNED, "flags": []},
     "before": {"env": UNTUNED, "flags": ["--model.micro_batch_tokens", "4096"]},
     "mmap_1mib": {"env": {**UNTUNED, "MALLOC_MMAP_THRESHOLD_": str(2**20)}, "flags": []},
     "arenas_2": {"env": {**UNTUNED, "MALLOC_ARENA_MAX": "2"}, "flags": []},
+    "micro_512": {"env": {}, "flags": MICRO_512},
+    "micro_512_kv_512mib": {"env": {}, "flags": [*MICRO_512, *KV_512MIB]},
+    "checkpointing": {"env": {}, "flags": ["--model.gradient_checkpointing", "true"]},
 }
 
 
-def fit_command(args: argparse.Namespace, run_dir: Path, side: str) -> list[str]:
+SMOLLM2_BODY = {"hidden_size": 576, "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "intermediate_size": 1536}
+
+
+def build_model(vocab: str, tokenizer_path: str | None, folder: Path) -> Path:
+    """SmolLM2-135M's body, randomly initialised, with the byte tokenizer or `tokenizer_path`'s, saved in `folder`."""
+    if vocab == "model" and not tokenizer_path:
+        sys.exit("--built-vocab model takes the tokenizer of --model: give --model")
+    tokenizer = build_byte_tokenizer() if vocab == "bytes" else AutoTokenizer.from_pretrained(tokenizer_path)
+    model = build_tiny_qwen2(tokenizer, **SMOLLM2_BODY)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def fit_command(args: argparse.Namespace, run_dir: Path, side: str, model: str | None) -> list[str]:
     command = [
         ERPO, "fit", "--config", args.config, "--trainer.max_steps", str(args.steps),
         "--trainer.default_root_dir", str(run_dir), "--trainer.logger.init_args.save_dir", str(run_dir),
     ]  # fmt: skip
-    if args.model:
-        command += ["--model.model_path", args.model]
+    if model:
+        command += ["--model.model_path", model]
+    if args.built_vocab:
+        command += ["--data.cache_dir", str(run_dir / "reference")]
     if args.sweep_problems is not None:
         command += ["--trainer.callbacks.init_args.sweep.max_problems", str(args.sweep_problems)]
     if args.batch_size is not None:
@@ -67,10 +98,14 @@ def fit_command(args: argparse.Namespace, run_dir: Path, side: str) -> list[str]
 def one_run(side: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"fit-memory-{side}-") as folder:
         run_dir, probe = Path(folder) / "run", Path(folder) / "probe.jsonl"
+        model = args.model
+        if args.built_vocab:
+            model = str(build_model(args.built_vocab, args.model, Path(folder) / "model"))
         python_path = os.pathsep.join(filter(None, [str(REPO / "bench"), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, **SIDES[side]["env"], "ERPO_MEMORY_PROBE": str(probe), "PYTHONPATH": python_path}
         started, launched = time.perf_counter(), time.time()
-        done = subprocess.run(fit_command(args, run_dir, side), capture_output=True, text=True, env=env, cwd=REPO)
+        command = fit_command(args, run_dir, side, model)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
         wall = time.perf_counter() - started
         if done.returncode != 0:
             sys.exit(f"side {side} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
@@ -95,6 +130,7 @@ def main() -> None:
     parser.add_argument("--sweep-problems", type=int, help="max_problems of the config's sweep callback")
     parser.add_argument("--batch-size", type=int, help="data.batch_size (queries per step)")
     parser.add_argument("--max-new-tokens", type=int, help="rollout.max_new_tokens")
+    parser.add_argument("--built-vocab", choices=["bytes", "model"], help="a built model instead (see above)")
     parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=["package", "before"])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("extra", nargs="*", help="more `erpo fit` flags, after --")
@@ -113,7 +149,8 @@ def main() -> None:
         }
         for side, runs in results.items()
     }
-    print(json.dumps({"config": args.config, "steps": args.steps, "rounds": args.rounds, "sides": summary}, indent=1))
+    settings = {"config": args.config, "steps": args.steps, "rounds": args.rounds, "batch_size": args.batch_size}
+    print(json.dumps({**settings, "built_vocab": args.built_vocab, "sides": summary}, indent=1))
 
 
 if __name__ == "__main__":
