@@ -44,12 +44,14 @@ ERPO = str(Path(sys.executable).with_name("erpo"))
 # micro-batch token budget before 2026-12-02 (4,096), i.e. the code and config before the memory work. The other two
 # are the candidates measured first, through glibc's own environment variables (read at process start): a fixed
 # 1 MiB mmap threshold (blocks from 1 MiB up mapped one by one and unmapped on free; fixing it also stops glibc
-# raising it after each large free), and two arenas instead of eight per core. The last three are the candidates for
+# raising it after each large free), and two arenas instead of eight per core. The last four are the candidates for
 # a step's own peak, on top of the package: half the micro-batch (activations and logits scale with its tokens), half
-# the KV cache (vLLM's preallocated block pool), and recomputing each layer's activations in backward.
+# the KV cache (vLLM's preallocated block pool), and recomputing each layer's activations in backward (alone and with
+# half the KV cache).
 UNTUNED = {"ERPO_MALLOC_TRIM": "0"}
 MICRO_512 = ["--model.micro_batch_tokens", "512"]
 KV_512MIB = ["--rollout.engine.init_args.kv_cache_memory_bytes", str(2**29)]
+CHECKPOINTING = ["--model.gradient_checkpointing", "true"]
 SIDES: dict[str, dict] = {
     "package": {"env": {}, "flags": []},
     "untuned": {"env": UNTUNED, "flags": []},
@@ -58,7 +60,8 @@ SIDES: dict[str, dict] = {
     "arenas_2": {"env": {**UNTUNED, "MALLOC_ARENA_MAX": "2"}, "flags": []},
     "micro_512": {"env": {}, "flags": MICRO_512},
     "micro_512_kv_512mib": {"env": {}, "flags": [*MICRO_512, *KV_512MIB]},
-    "checkpointing": {"env": {}, "flags": ["--model.gradient_checkpointing", "true"]},
+    "checkpointing": {"env": {}, "flags": CHECKPOINTING},
+    "checkpointing_kv_512mib": {"env": {}, "flags": [*CHECKPOINTING, *KV_512MIB]},
 }
 
 
