@@ -8,6 +8,9 @@ figures and the claims as JSON (`<report>_claims.json`, the shape of the toy stu
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from study_claims import Claim, evaluate_all
 from study_claims import describe as describe_claim
@@ -40,6 +43,38 @@ CURVES = (
     CurvePanel(logged("rollout/reward_mean"), "mean reward of the rollouts", "reward (running mean)"),
 )  # fmt: skip
 FINAL_COLUMNS = ("Query-KL", "Query-KL (common)", "entropy", "grad norm", "query loglik change", "train reward")
+
+
+PILOT_FILE = "real_model_pilot.json"  # experiments/real_model_pilot.py's results, beside the report in docs/
+
+
+def pilot_section(folder: Path) -> str:
+    """The pilot's numbers from `folder/PILOT_FILE` (base accuracy and the 16-step grpo reward per family, then each
+    confirmation run's held-out accuracy and gap), or a pointer to the plan when the file is not there (a rerun)."""
+    path = folder / PILOT_FILE
+    if not path.is_file():
+        return f"No `{PILOT_FILE}` beside this report: the pilot is in `docs/real_model_study_plan.md`."
+    pilot = json.loads(path.read_text())
+    families = pilot["step1_and_2"]["families"]
+    first = markdown_table(
+        ["family", "base Avg@4 at T = 0.6 (%)", "grpo training reward, last 4 of 16 steps (%)"],
+        [[f"`{name}`", f"{f['base_avg4_t0.6']:.1f}", f"{f['grpo_reward_last4']:.1f}"] for name, f in families.items()],
+    )
+    confirm = markdown_table(
+        ["family", "seed", "learning rate", "held-out Avg@4 T = 0.6 / 1 / 1.5 (%)", "train–eval gap", "valid"],
+        [[f"`{run['family']}`", str(run["seed"]), f"{run.get('learning_rate', 1e-5):g}",
+          " / ".join(f"{v:.1f}" for v in run["held_out_avg4"].values()), f"{run['train_eval_gap']:.1f}",
+          "yes" if run["valid"] else "no"] for run in pilot["confirm"]],
+    )  # fmt: skip
+    return f"""From `{PILOT_FILE}` (`experiments/real_model_pilot.py`); the rules, their amendments (each committed
+before any main run) and the task chosen are in `docs/real_model_study_plan.md`. Candidate families, base model and
+a 16-step `grpo` run each (8 queries × 8 rollouts, lr 1e-5, seed 0):
+
+{first}
+
+The 40-step `grpo` runs with the study's settings and a seed no main run uses, checked against the validity gate:
+
+{confirm}"""
 
 
 def value(number: float, scale: float) -> str:
@@ -124,6 +159,10 @@ sweep: Avg@{settings.eval_k} on the first {settings.eval_problems} held-out prob
 {train_queries} (the train–eval gap), at T = {", ".join(f"{t:g}" for t in settings.temperatures)}. Runs:
 {len(records)}, {run_minutes:.1f} min of training and sweeps in all ({inputs.minutes:.1f} min from the first start
 to the last end, {inputs.jobs} run(s) at a time).
+
+## Pilot (task choice)
+
+{pilot_section(path.parent)}
 
 ## Claims and their verdicts
 

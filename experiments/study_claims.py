@@ -250,5 +250,5 @@ def describe(result: dict) -> str:
         gate_values = " / ".join("n/a" if v is None else f"{v:.3g}" for v in gate["per_seed"]) or "not run"
         line += f" Gate `{gate['key']}` ({gate['text']}): {gate_values}, {'passed' if gate['passed'] else 'FAILED'}."
     if result.get("seeds_split"):
-        line += " The seeds split: run another seed for this claim."
+        line += " The seeds split: the margin is positive in some seeds and not in others."
     return line
