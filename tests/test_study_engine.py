@@ -16,7 +16,7 @@ from test_quickstart import copy_quickstart_inputs
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import study_runs  # noqa: E402
-from real_model_report import clamp_note  # noqa: E402
+from real_model_report import PILOT_FILE, clamp_note, pilot_section  # noqa: E402
 from real_model_study import CLAIMS, REAL_MODEL  # noqa: E402
 from study_claims import Claim, MeanMargin, confirm, evaluate  # noqa: E402
 from study_definition import ALL_QUERIES, StudySettings  # noqa: E402
@@ -99,6 +99,17 @@ def test_the_report_names_a_baseline_whose_k3_query_kl_sits_at_the_clamp():
     assert "`grpo`" in note and "lower bound" in note
     assert "erpo" not in note and "reinforce" not in note  # below the clamp; k1 has no clamp
     assert clamp_note({"grpo": {"Query-KL": np.array([9.0])}}, {"grpo": "token_k3"}, clamp=10.0) == ""
+
+
+def test_the_report_shows_the_pilot_from_its_file_or_points_to_the_plan(tmp_path):
+    assert "docs/real_model_study_plan.md" in pilot_section(tmp_path) and "|" not in pilot_section(tmp_path)
+    pilot = json.loads((REPO / "docs" / PILOT_FILE).read_text())
+    shutil.copy(REPO / "docs" / PILOT_FILE, tmp_path / PILOT_FILE)
+    text = pilot_section(tmp_path)
+    for name, family in pilot["step1_and_2"]["families"].items():  # one row per candidate, its numbers to 0.1
+        assert f"| `{name}` | {family['base_avg4_t0.6']:.1f} | {family['grpo_reward_last4']:.1f} |" in text
+    confirm_rows = [line for line in text.splitlines() if line.endswith((" | no |", " | yes |"))]
+    assert len(confirm_rows) == len(pilot["confirm"])
 
 
 def test_real_model_study_definition():
