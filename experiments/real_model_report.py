@@ -55,24 +55,28 @@ def pilot_section(folder: Path) -> str:
     if not path.is_file():
         return f"No `{PILOT_FILE}` beside this report: the pilot is in `docs/real_model_study_plan.md`."
     pilot = json.loads(path.read_text())
-    families = pilot["step1_and_2"]["families"]
+    screen, runs = pilot["step1_and_2"], pilot["confirm"]
+    steps = screen["rule"]["steps"]
     first = markdown_table(
-        ["family", "base Avg@4 at T = 0.6 (%)", "grpo training reward, last 4 of 16 steps (%)"],
-        [[f"`{name}`", f"{f['base_avg4_t0.6']:.1f}", f"{f['grpo_reward_last4']:.1f}"] for name, f in families.items()],
-    )
+        ["family", "base Avg@4 at T = 0.6 (%)", f"grpo training reward, last 4 of {steps} steps (%)"],
+        [[f"`{name}`", f"{f['base_avg4_t0.6']:.1f}", f"{f['grpo_reward_last4']:.1f}"]
+         for name, f in screen["families"].items()],
+    )  # fmt: skip
+    temperatures = " / ".join(runs[0]["held_out_avg4"]) if runs else ""
     confirm = markdown_table(
-        ["family", "seed", "learning rate", "held-out Avg@4 T = 0.6 / 1 / 1.5 (%)", "train–eval gap", "valid"],
-        [[f"`{run['family']}`", str(run["seed"]), f"{run.get('learning_rate', 1e-5):g}",
+        ["family", "seed", "learning rate", f"held-out Avg@4 T = {temperatures} (%)", "train–eval gap", "valid"],
+        [[f"`{run['family']}`", str(run["seed"]),
+          "the config's" if run.get("learning_rate") is None else f"{run['learning_rate']:g}",
           " / ".join(f"{v:.1f}" for v in run["held_out_avg4"].values()), f"{run['train_eval_gap']:.1f}",
-          "yes" if run["valid"] else "no"] for run in pilot["confirm"]],
+          "yes" if run["valid"] else "no"] for run in runs],
     )  # fmt: skip
     return f"""From `{PILOT_FILE}` (`experiments/real_model_pilot.py`); the rules, their amendments (each committed
-before any main run) and the task chosen are in `docs/real_model_study_plan.md`. Candidate families, base model and
-a 16-step `grpo` run each (8 queries × 8 rollouts, lr 1e-5, seed 0):
+before any main run) and the task chosen are in `docs/real_model_study_plan.md`. Candidate families: the base model,
+and a {steps}-step `grpo` run each with the study config's settings:
 
 {first}
 
-The 40-step `grpo` runs with the study's settings and a seed no main run uses, checked against the validity gate:
+The full `grpo` runs with the study's settings and a seed no main run uses, checked against the validity gate:
 
 {confirm}"""
 
