@@ -24,6 +24,7 @@ from typing import Any
 
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rewards.conventions import make_settings
+from erpo_lightning.rewards.math_reward import Verdict
 
 # The conventions the `lenient` preset turns on over `strict`: a correct verdict that used one of them is wrong under
 # the strict default.
@@ -37,13 +38,15 @@ class GradedPairsReward(MathReward):
 
     def __init__(self, log_path: str, **kwargs: Any) -> None:
         """Args:
-        log_path: JSON-lines file the calls are appended to (its folder must exist).
+        log_path: JSON-lines file the calls are appended to (remove it to start over). Its folder is made here, when
+            the config is instantiated, so a path that cannot be written fails before the model loads.
         kwargs: `MathReward`'s arguments.
         """
         super().__init__(**kwargs)
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
 
-    def grade(self, responses: list[str], golds: list[str]):
+    def grade(self, responses: list[str], golds: list[str]) -> list[Verdict]:
         verdicts = super().grade(responses, golds)
         rows = [
             [response, gold, verdict.correct, verdict.status, list(verdict.conventions)]

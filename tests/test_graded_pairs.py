@@ -16,7 +16,7 @@ def test_lenient_only_conventions_are_the_presets_difference():
 
 
 def test_each_call_is_logged_with_its_verdicts_and_a_restated_problem_is_counted_as_lenient_only(tmp_path):
-    log = tmp_path / "graded.jsonl"
+    log = tmp_path / "not_yet" / "graded.jsonl"  # the folder is made at construction
     reward = GradedPairsReward(log_path=str(log), num_workers=0, preset="lenient")
     responses = ["0 + 2 + 8", "The answer is 10.", "The answer is 8 + 6 - 3 = 11.", "The answer is 12."]
     assert reward(responses, ["10", "10", "11", "11"]) == [1.0, 1.0, 1.0, 0.0]
