@@ -173,7 +173,8 @@ to the last end, {inputs.jobs} run(s) at a time).
 Decision rules as pre-registered in `docs/real_model_study_plan.md`. Each claim pairs an arm with its baseline seed
 by seed (a difference in points for accuracies, a ratio for KLs). Gates come first: a study whose validity gate fails
 gives `invalid`, a claim whose testability gate fails `untestable`. Then `confirmed` / `refuted` / `inconclusive`
-by the claim's rule (or, for the mechanism checks, `holds` / `fails` / `mixed`: k of n seeds). A rerun is checked
+by the claim's rule (or, for the mechanism checks, `holds` / `fails` / `mixed`: k of n seeds); `undefined` when the
+paired value is a number in no seed (a ratio against an arm that never left θ0). A rerun is checked
 against `{claims_path.name}` with `python experiments/study_compare.py real_model <rerun directory>`.
 
 {chr(10).join(describe_claim(claim) for claim in results)}

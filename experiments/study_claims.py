@@ -11,8 +11,11 @@ Verdict rules (`Claim.rule`):
 - `MeanMargin` (a pre-registered rule): the margin of a seed is how far its paired value is on the claimed side of
   the bound. `confirmed` when every seed's margin is positive and their mean is at least `confirm_mean`; `refuted`
   when the mean is at most `refute_mean` and no seed's margin exceeds `refute_seed`; `inconclusive` otherwise.
-Every rule gives `n/a` when an arm or metric is missing. Gates (`Claim.gates`) are checked first: a claim whose gate
-fails gets the gate's verdict (`invalid` for a study's validity gate, `untestable` for a claim's testability gate).
+Every rule gives `n/a` when an arm or metric is missing, and `undefined` when both arms ran but no seed's paired value
+is a number (a ratio against a baseline of 0: an arm that never moved from θ0). A seed whose paired value is not a
+number counts in neither k nor n; the result lists it in `undefined_seeds`. Gates (`Claim.gates`) are checked first:
+a claim whose gate fails gets the gate's verdict (`invalid` for a study's validity gate, `untestable` for a claim's
+testability gate).
 
 A rerun confirms a claim the study found firm (`holds` / `confirmed`: it held; `fails` / `refuted`: it did not) when
 it agrees in more than half of the rerun's seeds; other verdicts are not checked.
@@ -201,19 +204,21 @@ def evaluate(claim: Claim, table: dict, estimators: dict[str, str]) -> dict:
         paired = method / baseline if claim.paired == "ratio" else points(claim.quantity) * (method - baseline)
     finite = paired[np.isfinite(paired)]
     margins = finite - claim.bound if claim.side == "above" else claim.bound - finite
+    seeds = common_seeds(table, claim.method, claim.baseline)
+    if not np.isfinite(paired).all():  # only then: the claims files of studies without such seeds keep their shape
+        result["undefined_seeds"] = [seed for seed, value in zip(seeds, paired, strict=True) if not np.isfinite(value)]
     result.update(
         per_seed=[float(v) if np.isfinite(v) else None for v in paired],
         k=int((margins > 0).sum()),
         n=int(finite.size),
         median=float(np.median(finite)) if finite.size else None,
-        verdict=claim.rule.verdict(margins),
+        verdict=claim.rule.verdict(margins) if finite.size or not paired.size else "undefined",
         **claim.rule.extra(margins),
     )
     if claim.gates:
-        seeds = common_seeds(table, claim.method, claim.baseline)
         result["gates"] = [check_gate(gate, table, seeds) for gate in claim.gates]
         failed = next((gate for gate in result["gates"] if not gate["passed"]), None)
-        if failed is not None and result["verdict"] != "n/a":
+        if failed is not None and result["verdict"] not in ("n/a", "undefined"):
             result["verdict"] = failed["fails_as"]
     return result
 
@@ -237,6 +242,12 @@ def describe(result: dict) -> str:
     if result["verdict"] == "n/a":
         return f"- **n/a**: {result['text']} (`{result['method']}` or `{result['baseline']}` not run, or not logged)"
     unit = "ratio" if result["paired"] == "ratio" else "difference (points)"
+    if result["verdict"] == "undefined":
+        return (
+            f"- **undefined**: {result['text']}. The {unit} {result['method']} vs {result['baseline']} "
+            f"({result['column']}) is not a number in any seed (seeds {undefined_seeds(result)}: "
+            f"{undefined_cause(result)}), so no seed can decide it."
+        )
     values = " / ".join("n/a" if v is None else f"{v:.3g}" for v in result["per_seed"])
     bound = f"{'<' if result['side'] == 'below' else '>'} {result['bound']:g}"
     line = (
@@ -249,6 +260,20 @@ def describe(result: dict) -> str:
     for gate in result.get("gates", []):
         gate_values = " / ".join("n/a" if v is None else f"{v:.3g}" for v in gate["per_seed"]) or "not run"
         line += f" Gate `{gate['key']}` ({gate['text']}): {gate_values}, {'passed' if gate['passed'] else 'FAILED'}."
+    if result.get("undefined_seeds"):
+        line += f" Left out as not a number: seeds {undefined_seeds(result)} ({undefined_cause(result)})."
     if result.get("seeds_split"):
         line += " The seeds split: the margin is positive in some seeds and not in others."
     return line
+
+
+def undefined_seeds(result: dict) -> str:
+    """The seeds whose paired value is not a number, as `0, 3`."""
+    return ", ".join(str(seed) for seed in result["undefined_seeds"])
+
+
+def undefined_cause(result: dict) -> str:
+    """Why a seed's paired value is not a number, in words."""
+    if result["paired"] == "ratio":
+        return f"{result['baseline']}'s value is 0 or missing there, and a ratio against 0 is undefined"
+    return "a value is missing there"

@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "experiments"))
 import study_runs  # noqa: E402
 from real_model_report import PILOT_FILE, clamp_note, pilot_section  # noqa: E402
 from real_model_study import CLAIMS, REAL_MODEL  # noqa: E402
-from study_claims import Claim, MeanMargin, confirm, evaluate  # noqa: E402
+from study_claims import Claim, MeanMargin, confirm, describe, evaluate  # noqa: E402
 from study_definition import ALL_QUERIES, StudySettings  # noqa: E402
 from study_runs import callback_config, fit_command, run_record, train_one  # noqa: E402
 
@@ -62,6 +62,28 @@ def test_validity_gates_come_before_the_rule_and_accuracies_compare_in_points():
     assert result["verdict"] == "invalid" and [g["passed"] for g in result["gates"]] == [False, True]
     flat = {**grpo, "T=1.5": [0.55, 0.65]}  # T = 1.5 only 5 points below T = 1.0
     assert evaluate(claim, accuracy_table(grpo=flat, erpo=erpo), {})["verdict"] == "invalid"
+
+
+def test_a_ratio_against_a_baseline_that_never_moved_is_undefined_not_a_verdict():
+    # The quick study on some CPUs: grpo's responses all truncated, so it never left θ0 and its Query-KL is 0.
+    claim = BY_KEY["query_kl.erpo"]
+    still = {"Query-KL": [0.0], "T=1": [0.5]}
+    result = evaluate(claim, accuracy_table(grpo=still, erpo={"Query-KL": [0.02], "T=1": [0.5]}), {})
+    assert result["verdict"] == "undefined" and result["n"] == 0 and result["k"] == 0
+    assert result["per_seed"] == [None] and result["undefined_seeds"] == [0] and result["median"] is None
+    line = describe(result)
+    assert line.startswith("- **undefined**: erpo's final Query-KL is below 1/10 of grpo's.")
+    assert "seeds 0: grpo's value is 0 or missing there" in line
+
+    # With one seed undefined and two defined, the two decide and the report names the one left out.
+    table = accuracy_table(grpo={"Query-KL": [0.0, 1.0, 2.0]}, erpo={"Query-KL": [0.02, 0.05, 0.1]})
+    result = evaluate(claim, table, {})
+    assert (result["k"], result["n"], result["verdict"], result["undefined_seeds"]) == (2, 2, "holds", [0])
+    assert "Left out as not a number: seeds 0 (grpo's value is 0" in describe(result)
+    # A study where every seed is defined keeps its claims file's shape (no `undefined_seeds`).
+    assert "undefined_seeds" not in evaluate(
+        claim, accuracy_table(grpo={"Query-KL": [1.0]}, erpo={"Query-KL": [0.05]}), {}
+    )
 
 
 def test_the_gap_claim_is_untestable_unless_the_baseline_overfits_in_every_seed():
@@ -214,8 +236,15 @@ def test_quick_real_model_study_reports_every_arm_and_claim(quick_real_study):
     assert claims["study"]["model"]["path"] == "erpo_lightning/toy/shipped"
     assert [c["key"] for c in claims["claims"]] == [c.key for c in CLAIMS]
     for result in claims["claims"]:
-        assert result["n"] == 1 and result["verdict"] != "n/a", result
+        # Two steps of one seed may leave an arm at θ0 on some CPUs (every response truncated, so every reward 0):
+        # a ratio against its Query-KL of 0 is then undefined, and the claim must say so rather than give a verdict.
+        assert len(result["per_seed"]) == 1 and result["verdict"] != "n/a", result
         assert {"key", "text", "method", "baseline", "per_seed", "k", "n", "median", "verdict"} <= set(result)
+        if result["n"] == 0:
+            assert result["verdict"] == "undefined" and result["undefined_seeds"] == [0], result
+            assert f"- **undefined**: {result['text']}." in report
+        else:
+            assert result["n"] == 1 and result["per_seed"][0] is not None and "undefined_seeds" not in result
     gated = [c for c in claims["claims"] if "gates" in c]
     assert gated and all(gate["per_seed"] for claim in gated for gate in claim["gates"])
 

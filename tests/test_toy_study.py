@@ -148,11 +148,15 @@ def test_quick_toy_study_writes_report_figures_and_claims(quick_study):
     by_key = {claim["key"]: claim for claim in claims["claims"]}
     assert list(by_key) == [claim.key for claim in CLAIMS]
     ran = [c for c in CLAIMS if {c.method, c.baseline} <= set(QUICK_METHODS)]
-    assert all(by_key[c.key]["n"] == 1 and by_key[c.key]["verdict"] in ("holds", "fails") for c in ran)
+    for claim in ran:  # a ratio against an arm that never left θ0 in its 2 steps (CPU-dependent) is undefined
+        result = by_key[claim.key]
+        expected = ("holds", "fails") if result["n"] == 1 else ("undefined",)
+        assert len(result["per_seed"]) == 1 and result["verdict"] in expected, result
     assert all(by_key[c.key]["verdict"] == "n/a" for c in CLAIMS if c not in ran)
     assert by_key["query_kl.erpo_released"]["column"] == "Query-KL (common)"
     assert by_key["query_kl.erpo"]["column"] == "Query-KL"
-    assert all(f"): {c.text}." in report or f"**n/a**: {c.text}" in report for c in CLAIMS)
+    assert all(f"): {c.text}." in report or f"**n/a**: {c.text}" in report or f"**undefined**: {c.text}" in report
+               for c in CLAIMS)  # fmt: skip
 
 
 @pytest.mark.slow
