@@ -65,6 +65,7 @@ from erpo_lightning.checkpointing import (  # noqa: E402
 )
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
 from erpo_lightning.data.datamodule import check_data_settings  # noqa: E402
+from erpo_lightning.data.sources import parser_unknown_key_line  # noqa: E402
 from erpo_lightning.errors import (  # noqa: E402
     SettingsError,
     debug_requested,
@@ -101,7 +102,7 @@ class ERPOArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or debug_mode_active():  # jsonargparse's own callers expect its exception
             return super().error(message, ex)
-        raise SettingsError(parser_error_line(message))
+        raise SettingsError(parser_unknown_key_line(message) or parser_error_line(message))
 
 
 class ERPOProgressBar(RichProgressBar):
@@ -214,7 +215,7 @@ class ERPOCLI(LightningCLI):
             for path in _config_files(args[args.index(subcommand) + 1 :]):
                 check_top_level_keys(path, known)
             check_moved_keys(args[args.index(subcommand) + 1 :])
-        self.config = parser.parse_args(_replacing_lists(args))
+        self.config = parser.parse_args(_replacing_lists(_joined_negative_numbers(args)))
 
     def validate(self, **kwargs: Any) -> list[dict[str, float]]:
         """`erpo validate`: `ERPOTrainer.validate`, sampling with the `rollout:` group's sampler."""
@@ -297,6 +298,27 @@ def _replacing_lists(args: list[str]) -> list[str]:
             out.append(f"{flag}=[]")
         out.append(arg)
     return out
+
+
+def _joined_negative_numbers(args: list[str]) -> list[str]:
+    """`args` with `--flag -1e-3` written `--flag=-1e-3`: argparse takes a negative number in scientific notation
+    after a flag for an option of its own and says "expected one argument"."""
+    out: list[str] = []
+    for arg in args:
+        previous = out[-1] if out else ""
+        if previous.startswith("--") and "=" not in previous and arg.startswith("-") and _is_number(arg):
+            out[-1] = f"{previous}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def check_top_level_keys(path: str, known: set[str]) -> None:

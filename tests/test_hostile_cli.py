@@ -225,6 +225,38 @@ def test_a_parse_error_is_one_line_not_the_usage(config, capsys, flag, value, ex
     assert code == 2 and err.strip().splitlines() == [f"erpo: error: {expected}", DEBUG_HINT], err[-3000:]
 
 
+SOURCE_KEYS = "valid keys: name, path, hub_id, config, split, data_files, problem_field, answer_field, id_field, "
+SOURCE_KEYS += "answer_transform, limit, label, hub"
+
+
+def test_a_misspelt_source_key_is_one_line_naming_it_and_the_valid_keys(config, capsys, tmp_path):
+    """Issue 43 item 12: a misspelt key of a training source or of a sweep benchmark's source, in the config file or
+    on the command line, was jsonargparse's paragraph about every member of a union."""
+    content = yaml.safe_load(config.read_text())
+    content["data"]["train"][0]["pth"] = content["data"]["train"][0].pop("path")
+    misspelt = write_config(tmp_path / "misspelt.yaml", content)
+    expected = f"erpo: error: data.train: unknown source keys ['pth'] (did you mean 'path'?); {SOURCE_KEYS}"
+    assert fails_in_one_line(capsys, "fit", "--config", str(misspelt)) == expected
+    assert fails_in_one_line(capsys, "fit", "--config", str(config), "--data.train", "[{pth: x.jsonl}]") == expected
+    line = fails_in_one_line(capsys, "validate", "--config", str(config), "--sweep.benchmarks", "[{source: {nme: a}}]")
+    sweep = "erpo: error: sweep.benchmarks.source: unknown source keys ['nme'] (did you mean 'name'?); "
+    assert line == sweep + SOURCE_KEYS
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--model.learning_rate", "-1e-3"], "model.learning_rate must be >= 0 (or null), got -0.001"),
+        (["--rollout.temperature", "-1E-2"], "rollout.temperature must be > 0"),
+        (["--model.weight_decay", "-.5e1", "--model.learning_rate", "1e-3"], "model.weight_decay must be >= 0"),
+    ],
+)
+def test_a_negative_number_after_a_space_is_the_flags_value(config, capsys, overrides, message):
+    """Issue 43 item 12: `--model.learning_rate -1e-3` was "expected one argument" (argparse took the value for an
+    option); now the value is parsed and the setting's own rule refuses it."""
+    assert message in fails_in_one_line(capsys, "fit", "--config", str(config), *overrides)
+
+
 def test_callbacks_check_their_numeric_settings():
     from erpo_lightning.callbacks import HFExportCallback, TemperatureSweepCallback
     from erpo_lightning.evaluation import SweepConfig

@@ -8,6 +8,7 @@ answer no response can ever match; a duplicate id) is an error naming the file, 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from collections import Counter
@@ -107,7 +108,7 @@ def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
     if isinstance(spec, dict):
         unknown = set(spec) - {f.name for f in fields(SourceSpec)}
         if unknown:
-            raise DataError(f"unknown source keys {sorted(unknown)}; allowed: {[f.name for f in fields(SourceSpec)]}")
+            raise DataError(unknown_keys_message(sorted(unknown)))
         spec = SourceSpec(**spec)
     locations = [key for key in ("name", "path", "hub_id") if getattr(spec, key)]
     if len(locations) != 1:
@@ -131,6 +132,37 @@ def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
     if spec.answer_transform not in (None, "first", "after_hash"):
         raise DataError(f"answer_transform must be first, after_hash or null, got {spec.answer_transform!r}")
     return spec
+
+
+def unknown_keys_message(keys: list[str]) -> str:
+    """What a source with the misspelt `keys` is told: each key, the closest valid one, and every valid key."""
+    valid = [f.name for f in fields(SourceSpec)]
+    close = [match for key in keys for match in difflib.get_close_matches(key, valid, n=1)]
+    hint = f" (did you mean {', '.join(repr(match) for match in close)}?)" if close else ""
+    return f"unknown source keys {keys}{hint}; valid keys: {', '.join(valid)}"
+
+
+_PARSER_UNKNOWN_KEY = re.compile(
+    r"SourceSpec':\s+Option '(?P<key>[^']+)' is not accepted"
+    r"|Group 'source' does not accept option '(?P<group_key>[^']+)'"
+)
+
+
+def parser_unknown_key_line(message: str) -> str | None:
+    """The one-line error for a command-line parser message about a misspelt source key, or None for another message.
+
+    jsonargparse reports a misspelt key of `data.train` or of a benchmark's `source` as the failure of every member of
+    a union (a paragraph); this line names the setting, the key and the valid keys instead, e.g.
+    `data.train: unknown source keys ['pth'] (did you mean 'path'?); valid keys: name, path, ...`.
+    """
+    found = _PARSER_UNKNOWN_KEY.search(message)
+    if found is None:
+        return None
+    where = ".".join(re.findall(r'Parser key "([^"]+)"', message[: found.start()]))
+    if found["group_key"] is not None:
+        where += ".source"
+    key = found["key"] or found["group_key"]
+    return f"{where or 'source'}: {unknown_keys_message([key])}"
 
 
 def describe(spec: SourceSpec) -> str:
