@@ -4,11 +4,14 @@ Reads each run's `metrics.csv` (CSVLogger), `hparams.yaml` (which Query-KL estim
 `sweep_summary.json` (TemperatureSweepCallback) into one per-seed table (`collect`: arm -> quantity -> one value per
 seed), and formats it: mean ± std, median [min, max], per-seed values, markdown tables. The studies' report texts
 (experiments/toy_study.py, experiments/real_model_study.py) are written from these pieces and
-experiments/study_figures.py.
+experiments/study_figures.py. A file that cannot be read as what it should be (a `metrics.csv` cut short, a JSON or
+YAML file that does not parse or lacks a key) is a `DamagedRunFile` naming the file and what is wrong.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +33,57 @@ TRAIN_METRICS = {"Query-KL": "train/query_kl", "Policy-KL": "train/policy_kl", "
 COMMON_ESTIMATOR = "token_k3"
 COMMON_COLUMN = f"train/query_kl_{COMMON_ESTIMATOR}"
 TRAIN_SAMPLE = "train"  # the label TemperatureSweepCallback gives its sample of training queries
+SWEEP_KEYS = ("first_step", "last_step", "before", "after")  # what sweep_summary.json holds
+
+
+class DamagedRunFile(ValueError):
+    """A run's file that cannot be read as what it should be; the message names the file and what is wrong."""
+
+
+def read_mapping(path: Path, keys: Sequence[str] = ()) -> dict:
+    """The JSON (`.json`) or YAML (any other suffix) mapping in `path`, which must hold `keys`; DamagedRunFile when it
+    does not parse, is not a mapping or lacks a key."""
+    kind, parse, errors = ("JSON", json.loads, json.JSONDecodeError) if path.suffix == ".json" else (
+        "YAML", yaml.safe_load, yaml.YAMLError)  # fmt: skip
+    try:
+        data = parse(path.read_text())
+    except (OSError, UnicodeDecodeError, errors) as error:
+        raise DamagedRunFile(f"{path}: not readable as {kind} ({' '.join(str(error).split())})") from None
+    if not isinstance(data, dict):
+        raise DamagedRunFile(f"{path}: holds {type(data).__name__}, not a {kind} mapping")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise DamagedRunFile(f"{path}: no {', '.join(map(repr, missing))}")
+    return data
+
+
+def read_metrics(path: Path) -> pd.DataFrame:
+    """A CSVLogger `metrics.csv`; DamagedRunFile when it is cut short (empty, its last line without its line end, or
+    a row with another number of fields than the header) or is not CSV."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise DamagedRunFile(f"{path}: not readable ({error})") from None
+    if not text.endswith("\n"):
+        raise DamagedRunFile(f"{path}: cut short ({'empty' if not text else 'its last line has no line end'})")
+    try:
+        header, *rows = csv.reader(io.StringIO(text))
+    except csv.Error as error:
+        raise DamagedRunFile(f"{path}: not CSV ({error})") from None
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise DamagedRunFile(f"{path}: cut short (row {number} has {len(row)} fields, the header {len(header)})")
+    return pd.read_csv(io.StringIO(text))
+
+
+def check_metrics_reach(frame: pd.DataFrame, last_step: int, path: Path) -> None:
+    """DamagedRunFile unless the metrics reach the final sweep's step, which the sweep logs as the last row: a file
+    cut at a line end is still CSV, but ends earlier."""
+    if "step" not in frame or frame["step"].isna().all():
+        raise DamagedRunFile(f"{path}: no logged step")
+    if frame["step"].max() < last_step:
+        ends = int(frame["step"].max())
+        raise DamagedRunFile(f"{path}: cut short (it ends at step {ends}, before the final sweep's step {last_step})")
 
 
 @dataclass(frozen=True)
@@ -44,25 +98,37 @@ class RunRecord:
     @cached_property
     def logged(self) -> pd.DataFrame:
         """The run's `metrics.csv` as logged (read once)."""
-        return pd.read_csv(self.log_dir / "metrics.csv")
+        return read_metrics(self.log_dir / "metrics.csv")
 
     def metrics(self) -> pd.DataFrame:
         """Per-step training metrics (one row per RL step; the sweep rows are dropped)."""
         frame = self.logged
+        missing = [column for column in ("step", "train/query_kl") if column not in frame]
+        if missing:
+            raise DamagedRunFile(f"{self.log_dir / 'metrics.csv'}: no column {', '.join(map(repr, missing))}")
         columns = [c for c in [*TRAIN_METRICS.values(), COMMON_COLUMN] if c in frame]
         return frame.dropna(subset=["train/query_kl"]).groupby("step")[columns].mean()
 
     @cached_property
     def estimator(self) -> str:
         """The Query-KL estimator the run optimised (and logged as `train/query_kl`): its preset's, or the override."""
-        hparams = yaml.safe_load((self.log_dir / "hparams.yaml").read_text())
-        return resolve_algorithm(
-            hparams["algorithm"], query_kl_estimator=hparams.get("query_kl_estimator")
-        ).query_kl_estimator
+        path = self.log_dir / "hparams.yaml"
+        hparams = read_mapping(path)
+        try:
+            algorithm = resolve_algorithm(hparams["algorithm"], query_kl_estimator=hparams.get("query_kl_estimator"))
+        except (KeyError, ValueError) as error:
+            raise DamagedRunFile(f"{path}: no usable algorithm ({error})") from None
+        return algorithm.query_kl_estimator
 
     def sweep(self) -> dict:
         """`before` / `after` sweep values of sweep_summary.json (and `first_step` / `last_step`)."""
-        return json.loads((self.log_dir / "sweep_summary.json").read_text())
+        return read_mapping(self.log_dir / "sweep_summary.json", SWEEP_KEYS)
+
+    def check(self) -> None:
+        """Read every file the report reads; DamagedRunFile naming the first that cannot be read."""
+        self.metrics()
+        check_metrics_reach(self.logged, self.sweep()["last_step"], self.log_dir / "metrics.csv")
+        _ = self.estimator
 
     def common_query_kl(self) -> pd.Series:
         """Query-KL on the common estimator, per step: COMMON_COLUMN, or the run's own estimate when that is it

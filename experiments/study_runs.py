@@ -6,7 +6,10 @@ sweep, to tell whether a run there is this run), `fit.log`, the CSVLogger direct
 ends, `timing.json` (its start, end, seconds and code commit: file times do not survive a git clone, and a study
 whose runs span sessions commits its finished runs). It is finished when its final sweep is written
 (`sweep_summary.json`) and its timing recorded. A study spans sessions that may be killed mid-run: on a rerun a
-finished run with the same command is skipped, any other run directory is cleared and trained again.
+finished run with the same command is skipped, any other run directory is cleared and trained again. A damaged run (a
+file of it that cannot be read: a `metrics.csv` cut short, a `run.json` or `sweep_summary.json` that does not parse)
+counts as unfinished: a rerun says so and trains it again, and the report (`--report-only` too) refuses it, naming
+the run and the file.
 """
 
 from __future__ import annotations
@@ -21,11 +24,19 @@ from pathlib import Path
 
 import yaml
 from study_definition import Study, StudySettings
-from study_report import RunRecord
+from study_report import (
+    SWEEP_KEYS,
+    DamagedRunFile,
+    RunRecord,
+    check_metrics_reach,
+    read_mapping,
+    read_metrics,
+)
 
 ERPO = str(Path(sys.executable).with_name("erpo"))
 RUN_FILE = "run.json"
 TIMING_FILE = "timing.json"
+TIMING_KEYS = ("started", "ended", "seconds")
 SWEEP_CALLBACK = "erpo_lightning.callbacks.TemperatureSweepCallback"
 
 
@@ -95,12 +106,37 @@ def is_finished(run_dir: Path) -> bool:
 
 def run_timing(run_dir: Path) -> dict:
     """A finished run's `timing.json`: `started` and `ended` (Unix seconds) and `seconds` (monotonic wall time)."""
-    return json.loads((run_dir / TIMING_FILE).read_text())
+    return read_mapping(run_dir / TIMING_FILE, TIMING_KEYS)
 
 
 def run_record(arm: str, seed: int, run_dir: Path) -> RunRecord:
     """A finished run's record, its seconds from its `timing.json`."""
     return RunRecord(arm, seed, latest_log_dir(run_dir), run_timing(run_dir)["seconds"])
+
+
+def damage(run_dir: Path) -> str | None:
+    """Why a finished run's files cannot be read (the file, and what is wrong), or None when each reads as its format.
+
+    Reads what the run holds: `run.json`, `timing.json`, `sweep_summary.json`, `hparams.yaml` and `metrics.csv`, which
+    must reach the final sweep's step. What the report needs beyond that (a column, a key) it checks itself.
+    """
+    log_dir = latest_log_dir(run_dir)
+    summary_path, metrics_path, hparams_path = (log_dir / "sweep_summary.json", log_dir / "metrics.csv",
+                                                log_dir / "hparams.yaml")  # fmt: skip
+    try:
+        read_mapping(run_dir / TIMING_FILE, TIMING_KEYS)
+        summary = read_mapping(summary_path)
+        if (run_dir / RUN_FILE).is_file():
+            read_mapping(run_dir / RUN_FILE)
+        if hparams_path.is_file():
+            read_mapping(hparams_path)
+        if metrics_path.is_file():
+            frame = read_metrics(metrics_path)
+            if all(key in summary for key in SWEEP_KEYS):
+                check_metrics_reach(frame, summary["last_step"], metrics_path)
+    except DamagedRunFile as error:
+        return str(error)
+    return None
 
 
 def run_identity(command: list[str], callbacks: dict) -> dict:
@@ -132,9 +168,13 @@ def train_one(study: Study, arm: str, seed: int, workdir: Path, out: Path, setti
     command = fit_command(study, arm, seed, run_dir, settings, model_path, extra)
     identity = run_identity(command, config)
     run_file = workdir / run_dir / RUN_FILE
-    if is_finished(workdir / run_dir) and run_file.is_file() and json.loads(run_file.read_text()) == identity:
-        print(f"{arm:>16} seed {seed}: finished before, skipped", flush=True)
-        return run_record(arm, seed, workdir / run_dir)
+    if is_finished(workdir / run_dir):
+        damaged = damage(workdir / run_dir)
+        if damaged is not None:
+            print(f"{arm:>16} seed {seed}: damaged, trained again: {damaged}", flush=True)
+        elif run_file.is_file() and read_mapping(run_file) == identity:
+            print(f"{arm:>16} seed {seed}: finished before, skipped", flush=True)
+            return run_record(arm, seed, workdir / run_dir)
     shutil.rmtree(workdir / run_dir, ignore_errors=True)
     (workdir / run_dir).mkdir(parents=True)
     run_file.write_text(json.dumps(identity, indent=1) + "\n")
@@ -155,17 +195,31 @@ def train_one(study: Study, arm: str, seed: int, workdir: Path, out: Path, setti
 
 def load_runs(out: Path, arms: list[str], name: str) -> list[RunRecord]:
     """Every finished (arm, seed) run under a study's run directory (`<out>/<arm slug>/seed<k>`), in the order the
-    study runs them (seed-major); unfinished ones are named and left out."""
+    study runs them (seed-major); unfinished ones are named and left out. A damaged one (a file the report reads that
+    cannot be read) stops the report with an error naming the run and the file."""
     records = []
     for arm in arms:
         for seed_dir in sorted((out / run_slug(arm)).glob("seed*")):
             if is_finished(seed_dir):
-                records.append(run_record(arm, int(seed_dir.name[4:]), seed_dir))
+                records.append(checked_record(arm, seed_dir))
             elif latest_log_dir(seed_dir) is not None:
                 print(f"{arm} {seed_dir.name}: not finished (no final sweep), left out of the report", file=sys.stderr)
     if not records:
         raise SystemExit(f"no {name} runs under {out}")
     return sorted(records, key=lambda r: (r.seed, arms.index(r.method)))
+
+
+def checked_record(arm: str, seed_dir: Path) -> RunRecord:
+    """The record of the finished run in `seed_dir`, each file the report reads read once; SystemExit naming the run
+    and the file when one cannot be."""
+    try:
+        record = run_record(arm, int(seed_dir.name[4:]), seed_dir)
+        record.check()
+    except DamagedRunFile as error:
+        raise SystemExit(
+            f"{arm} {seed_dir.name} is damaged: {error}; a rerun of the study without --report-only trains it again"
+        ) from None
+    return record
 
 
 def study_minutes(records: list[RunRecord]) -> float:
