@@ -10,6 +10,7 @@ gets better on the training queries shows a growing gap.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from erpo_lightning.data.prepare import PreparedQueries, PromptFormat
+from erpo_lightning.evaluation.overlap import overlap_warnings
 from erpo_lightning.evaluation.sweep import PreparedBenchmark, Sweep, SweepConfig
 from erpo_lightning.evaluation.sweep_metrics import MEAN, metric_name, temperature_groups, temperature_label
 from erpo_lightning.rollout.sampler import RolloutSampler
@@ -91,13 +93,17 @@ class TemperatureSweepCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Declare the sweep's longest sequence to the engine: `setup` runs before any callback's `on_fit_start`,
-        where the RolloutCallback builds the engine."""
+        where the RolloutCallback builds the engine. Before a fit, warn of each benchmark that shares problems with
+        the training set (`evaluation.overlap`), on the first rank."""
         if self.runner is None:
             raise ValueError(
                 "TemperatureSweepCallback has no sampler: call bind(rollout.sampler, datamodule.prompt_format(), "
                 "datamodule.prepare_queries) before fit (the erpo CLI binds it to the rollout: and data: groups)"
             )
         self.runner.declare_context()
+        if stage == "fit" and trainer.is_global_zero and self._training_queries is not None:
+            for line in overlap_warnings(self.sweep, self._training_queries().queries):
+                print(f"[erpo] warning: {line}", file=sys.stderr, flush=True)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run_at_start and trainer.global_step == 0:

@@ -118,6 +118,18 @@ def source_label(spec: SourceSpec) -> str:
     return spec.label or spec.name or (Path(spec.path).stem if spec.path else spec.hub_id)
 
 
+def benchmark_source(benchmark: Benchmark, config: SweepConfig) -> tuple[str, SourceSpec]:
+    """A benchmark's label and resolved source, limited to `config.max_problems` unless it has a limit of its own;
+    DataError naming the benchmark when its source is not valid."""
+    try:
+        spec = resolve_spec(benchmark.source)
+    except DataError as error:
+        raise DataError(f"benchmark {benchmark.source}: {error}") from error
+    if spec.limit is None and config.max_problems is not None:
+        return source_label(spec), replace(spec, limit=config.max_problems)
+    return source_label(spec), spec
+
+
 def prepare_benchmarks(
     config: SweepConfig, tokenizer: PreTrainedTokenizerBase, template: PromptTemplate, max_prompt_length: int
 ) -> list[PreparedBenchmark]:
@@ -131,13 +143,7 @@ def prepare_benchmarks(
         raise DataError("no benchmarks configured: set sweep.benchmarks (a list of {source: {...}, k: ...})")
     prepared = []
     for benchmark in config.benchmarks:
-        try:
-            spec = resolve_spec(benchmark.source)
-        except DataError as error:
-            raise DataError(f"benchmark {benchmark.source}: {error}") from error
-        label = source_label(spec)
-        if spec.limit is None and config.max_problems is not None:
-            spec = replace(spec, limit=config.max_problems)
+        label, spec = benchmark_source(benchmark, config)
         try:
             data = prepare_queries([spec], tokenizer, template, max_prompt_length, overlong="error")
         except Exception as error:  # noqa: BLE001 - any load failure is reported with the benchmark's name
