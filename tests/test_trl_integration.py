@@ -74,9 +74,11 @@ def fixed_reward(prompts, completions, **_):
     return list(REWARDS)
 
 
-def make_trainer(model_path, output_dir, erpo: bool = True, fixed: bool = True, eval_prompts=None, **settings):
+def make_trainer(
+    model_path, output_dir, erpo: bool = True, fixed: bool = True, eval_prompts=None, inputs=None, **settings
+):
     """An ERPOTrainer (or, erpo=False, TRL's GRPOTrainer) on PROMPTS; `settings` go to GRPOConfig, except Algorithm
-    fields and `algorithm`, which go to ERPOTrainer."""
+    fields and `algorithm`, which go to ERPOTrainer; `inputs` replace trainer arguments (e.g. `reward_funcs`)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # `rollout_func` is experimental in TRL
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -97,6 +99,7 @@ def make_trainer(model_path, output_dir, erpo: bool = True, fixed: bool = True, 
         rollout_func=fixed_rollout if fixed else None,
         eval_dataset=Dataset.from_dict({"prompt": eval_prompts}) if eval_prompts else None,
     )  # fmt: skip
+    kwargs.update(inputs or {})
     return ERPOTrainer(**kwargs, **erpo_settings) if erpo else GRPOTrainer(**kwargs)
 
 

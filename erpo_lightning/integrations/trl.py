@@ -2,7 +2,8 @@
 a Query-KL monitor for any `GRPOTrainer` run.
 
 `ERPOTrainer` overrides three hooks of `GRPOTrainer`:
-    `_calculate_rewards`              keeps the rewards of the whole generation batch (all processes)
+    `_calculate_rewards`              keeps the rewards of the whole generation batch (all processes), refusing a
+                                      non-finite one (`trl_guards`)
     `_generate_and_score_completions` forms the advantages with the algorithm's estimator, and adds each row's θ0
                                       query scores, w(q), group leader flag and the step's global counts
     `_compute_loss`                   one forward over [prompt; completion] through TRL's fused LM head with the
@@ -28,6 +29,14 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.data.reference_logprobs import compute_reference_logprobs
 from erpo_lightning.integrations.reference_scores import load_or_score, probe_query_kl, reference_manifest
+from erpo_lightning.integrations.trl_guards import (
+    FiniteWeightsCallback,
+    NaNReturns,
+    chat_template,
+    named_datasets,
+    prompt_problem,
+    reward_problem,
+)
 from erpo_lightning.logprobs import position_ids_from_mask, sequence_logprobs
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]
@@ -48,8 +57,7 @@ def _prompt_ids(trainer: GRPOTrainer, prompts: list) -> list[list[int]]:
 
 def _template(trainer: GRPOTrainer, prompts: list) -> dict:
     conversational = bool(prompts) and isinstance(prompts[0], list)
-    template = trainer.chat_template or getattr(trainer.processing_class, "chat_template", None)
-    return {"source": "trl", "chat_template": template if conversational else None}
+    return {"source": "trl", "chat_template": chat_template(trainer) if conversational else None}
 
 
 def _unsupported(args: GRPOConfig, algorithm: Algorithm) -> str | None:
@@ -103,19 +111,26 @@ def _unsupported_inputs(trainer: GRPOTrainer) -> str | None:
     """The first trainer input ERPOTrainer cannot honour, as a one-line reason, or None."""
     if trainer.tools or trainer.environment_factories is not None:
         return "tools and environment_factory are not supported (their tokens are not the prompt's)"
-    evaluation = trainer.eval_dataset
-    datasets = [trainer.train_dataset, *(evaluation.values() if isinstance(evaluation, dict) else [evaluation])]
-    if not all(isinstance(dataset, Dataset) for dataset in datasets if dataset is not None):
+    if not all(isinstance(dataset, Dataset) for _, dataset in named_datasets(trainer)):
         return "train_dataset and eval_dataset must be map-style datasets.Dataset (θ0 scores every prompt once)"
-    return None
+    return prompt_problem(trainer)
 
 
 def _dataset_prompts(trainer: GRPOTrainer) -> tuple[list, int]:
     """The training prompts then the evaluation prompts (θ0 scores both), and how many are training prompts."""
-    train = list(trainer.train_dataset["prompt"])
-    evaluation = trainer.eval_dataset
-    evaluation = list(evaluation.values()) if isinstance(evaluation, dict) else [evaluation] if evaluation else []
-    return train + [prompt for dataset in evaluation for prompt in dataset["prompt"]], len(train)
+    prompts = [list(dataset["prompt"]) for _, dataset in named_datasets(trainer)]
+    return [prompt for dataset in prompts for prompt in dataset], len(prompts[0])
+
+
+def _algorithm(algorithm: str | Algorithm, overrides: dict) -> Algorithm:
+    """The preset (or `Algorithm`) with `overrides`; a bad value is refused naming ERPOTrainer's own argument (the
+    algorithm module's messages name the `erpo fit` config fields, `model.<field>`)."""
+    try:
+        if isinstance(algorithm, Algorithm):
+            return replace(algorithm, **overrides)
+        return resolve_algorithm(algorithm, **overrides)
+    except ValueError as error:
+        raise ValueError(f"ERPOTrainer: {str(error).replace('model.', '')}") from None
 
 
 class ERPOTrainer(GRPOTrainer):
@@ -127,15 +142,14 @@ class ERPOTrainer(GRPOTrainer):
         reference_dir: where the θ0 scores are kept (default `<output_dir>/erpo_reference`).
         **fields: single `Algorithm` fields overriding the preset (e.g. `query_kl_coef=0.05`).
     The loss side (loss_type, clip range, advantages) follows the algorithm; a GRPOConfig loss field set to
-    something else is refused, as is every setting rl_loss cannot reproduce (one line naming it).
+    something else is refused, as is every setting rl_loss cannot reproduce (one line naming it). Empty prompts and
+    chat prompts without a chat template are refused before θ0 scoring, a non-finite reward at the step that meets
+    it, and non-finite weights after the optimizer step that made them (`trl_guards`).
     """
 
     def __init__(self, *args, algorithm: str | Algorithm = "erpo", reference_dir: str | Path | None = None, **kwargs):
         overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in ALGORITHM_FIELDS}
-        if isinstance(algorithm, Algorithm):
-            algorithm = replace(algorithm, **overrides)
-        else:
-            algorithm = resolve_algorithm(algorithm, **overrides)
+        algorithm = _algorithm(algorithm, overrides)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         problem = _unsupported(config, algorithm) if config is not None else None  # before TRL builds anything
         if problem is None:
@@ -161,6 +175,12 @@ class ERPOTrainer(GRPOTrainer):
         for row, ids in enumerate(prompt_ids):
             self._cache_row.setdefault(tuple(ids), row)
         self._rewards_per_func: torch.Tensor | None = None
+        self._nan_returns = NaNReturns(len(self.reward_funcs))
+        self.reward_funcs = [
+            func if isinstance(func, torch.nn.Module) else self._nan_returns.wrap(index, func)
+            for index, func in enumerate(self.reward_funcs)
+        ]
+        self.add_callback(FiniteWeightsCallback())
 
     def _compute_dtype(self) -> torch.dtype:
         """What the training forward computes in: bf16 / fp16 autocast when GRPOConfig asks, else the weights' dtype."""
@@ -170,8 +190,15 @@ class ERPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------ generation side
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        return self._rewards_per_func
+        """[B, F] rewards of the generation batch (all processes), kept; a non-finite one, or a row no function
+        scored, is refused on every process alike (one line naming the function, the value and the row)."""
+        self._nan_returns.clear(len(prompts))
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        problem = reward_problem(self, rewards, self._nan_returns, completions)
+        if problem is not None:
+            raise ValueError(f"ERPOTrainer: {problem}")
+        self._rewards_per_func = rewards
+        return rewards
 
     def _cache_rows(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
         """[N] cache row of each left-padded prompt, found by its token ids."""
@@ -215,8 +242,6 @@ class ERPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         group = self.num_generations if mode == "train" else self.num_generations_eval
         rewards = (self._rewards_per_func * self.reward_weights.to(self._rewards_per_func.device)).nansum(dim=1)
-        if torch.isnan(self._rewards_per_func).all(dim=1).any():
-            raise ValueError("ERPOTrainer: every reward function returned None for a completion (not supported)")
         algorithm, local = self.algorithm, len(output["prompt_ids"])
         advantages = obj.group_advantages(rewards, group, algorithm.advantage_estimator, algorithm.advantage_eps)
         first = self.accelerator.process_index * local

@@ -149,16 +149,18 @@ class NonFiniteGuard:
             )
         return False
 
-    def check_weights(self, norm: torch.Tensor, where: str) -> None:
+    def check_weights(
+        self, norm: torch.Tensor, where: str, remedy: str = "lower the learning rate or enable model.gradient_clip_norm"
+    ) -> None:
         """Raise NonFiniteLossError when the weights' global norm after the optimizer step at `where` is not finite.
 
         Under either policy: the step is taken, it cannot be dropped, and training on would only fail later (in
-        sampling) or save a broken checkpoint.
+        sampling) or save a broken checkpoint. `remedy` names the settings of the caller's own interface.
         """
         if not torch.isfinite(norm).all():
             raise NonFiniteLossError(
                 f"the policy weights are not finite after the optimizer step at {where} (global norm {float(norm)}): "
-                "the update diverged; lower the learning rate or enable model.gradient_clip_norm"
+                f"the update diverged; {remedy}"
             )
 
     def record(self, stepped: bool) -> None:
