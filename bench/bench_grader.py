@@ -34,7 +34,7 @@ def _rate(count: int, seconds: float) -> float:
 def bench_ours(responses: list[str], golds: list[str], workers: int) -> dict[str, float]:
     """MathReward on the batch, then its sympy step alone on the same pairs."""
     with MathReward(num_workers=workers) as reward:
-        reward(["\\boxed{\\sqrt{4}}"], ["2"])  # the pool starts once per training run
+        reward(["\\boxed{\\sqrt{8}}"], ["2\\sqrt{2}"])  # the pool starts once per training run
         start = time.perf_counter()
         scores = reward(responses, golds)
         elapsed = time.perf_counter() - start

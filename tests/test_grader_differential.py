@@ -5,7 +5,8 @@ a box) marks wrong, the verdict must name the conventions it relied on, and each
 suite, every benchmark gold as its own answer, and >= 500 near misses generated from the benchmark golds (rounded,
 truncated, sign-flipped, off by one, swapped tuple elements, reordered intervals, wrong units, decimals of exact
 values), and issue 30's cases: digits past the rounding place, the two exploits Math-Verify pays for (refused unless
-their convention is on) and invisible characters. The near misses run in the fast tier; the peer suite and all 2,836
+their convention is on) and invisible characters; issue 43's: wrapped restatements of a numeric gold (refused unless
+`unevaluated_arithmetic` is on) and hedged answers. The near misses run in the fast tier; the peer suite and all 2,836
 golds in the slow tier.
 """
 
@@ -38,6 +39,47 @@ STRICTNESS_CASES = [
     ("\\frac{7}{2}", "3 + \\frac{1}{2}", True, "unevaluated_arithmetic"),
     ("7", "5 = 7", True, "equation_right_side"),
     ("5", "2 + 3 = 5", True, "equation_right_side"),
+]
+# Issue 43 item 2: a numeric gold is paid through evaluation only for one literal number. Every other shape restates a
+# computation (wrapped, with a Unicode minus, juxtaposed, a function of numbers, a division left to do); Math-Verify
+# pays all of them, MathReward only with `unevaluated_arithmetic` on.
+WRAPPED_CASES = [
+    ("8", "\\lceil 8 - 2 + 2 \\rceil"),
+    ("8", "\\lfloor 8 - 2 + 2 \\rfloor"),
+    ("8", "|8 - 2 + 2|"),
+    ("8", "\\left|8 - 2 + 2\\right|"),
+    ("8", "(8 - 2 + 2)"),
+    ("8", "8 - 2 + 2 + 0i"),
+    ("8", "8 \u2212 2 + 2"),
+    ("19", "5 9 5"),
+    ("70", "\\binom{8}{4}"),
+    ("10", "\\log_2 1024"),
+    ("19", "38/2"),
+    ("8", "\\frac{16}{2}"),
+    ("\\frac{1}{2}", "\\frac{2}{4}"),
+    ("4", "\\sqrt{16}"),
+    ("120", "5!"),
+]
+# One literal number in any notation still passes, as does a non-numeric gold's equal value.
+LITERAL_CASES = [
+    ("-5", "\u22125"),
+    ("8", "\\boxed{8}"),
+    ("\\frac{1}{2}", "1/2"),
+    ("-\\frac{1}{2}", "\\frac{1}{-2}"),
+    ("1500", "1.5 \\times 10^{3}"),
+    ("1000000", "10^{6}"),
+    ("3.5", "3\\frac{1}{2}"),
+    ("2\\sqrt{2}", "\\sqrt{8}"),
+]
+# Issue 43 item 3: (gold, response, Math-Verify's verdict, the convention under which MathReward pays it or None). A
+# hedge between two values is no answer, whichever value the gold is (Math-Verify pays the first one: stricter here);
+# the chain `x = 7 = 19` is read as its last side only with `equation_right_side` (Math-Verify reads it so).
+HEDGED_CASES = [
+    ("19", "The answer is either 7 or 19.", False, None),
+    ("7", "The answer is either 7 or 19.", True, None),
+    ("19", "Answer: 7 or possibly 19", False, None),
+    ("19", "\\boxed{7} The answer is 7 or maybe 19", False, None),
+    ("19", "\\boxed{x = 7 = 19}", True, "equation_right_side"),
 ]
 # Issue 30 item 9: invisible characters, ignored by default (a named convention), which Math-Verify does not do.
 INVISIBLE_CASES = [("12", "1\u200b2"), ("12", "12\u200b"), ("x+1", "x\u200e+1"), ("\\frac{1}{2}", "\ufeff\\frac{1}{2}")]
@@ -81,6 +123,7 @@ def near_misses(count: int, seed: int = 0) -> list[tuple[str, str]]:
     golds = _golds()
     pairs: list[tuple[str, str]] = [(g, p) for g, p in ISSUE_CASES + INVISIBLE_CASES]
     pairs += [(gold, answer) for gold, answer, *_ in STRICTNESS_CASES]
+    pairs += WRAPPED_CASES + LITERAL_CASES
     while len(pairs) < count:
         gold = rng.choice(golds)
         if (m := _PAIR.fullmatch(gold)) is not None:
@@ -165,6 +208,29 @@ def test_each_exploit_is_a_convention_a_user_can_turn_back_on(name):
     assert all(v.correct and name in v.conventions for v in verdicts), verdicts
     with MathReward(num_workers=1, preset="lenient") as lenient:  # the grader's behaviour before it was named
         assert lenient(*_boxed(cases)) == [1.0] * len(cases)
+
+
+def test_strict_pays_a_numeric_gold_only_for_one_literal_number(strict):
+    """Issue 43 item 2: each wrapped restatement Math-Verify pays scores 0; 1 only under `unevaluated_arithmetic`."""
+    responses, golds = _boxed(WRAPPED_CASES)
+    assert all(math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True))
+    assert strict(responses, golds) == [0.0] * len(WRAPPED_CASES)
+    with MathReward(num_workers=1, conventions={"unevaluated_arithmetic": True}) as evaluating:
+        verdicts = evaluating.grade(responses, golds)
+    assert all(v.correct and "unevaluated_arithmetic" in v.conventions for v in verdicts), verdicts
+    assert strict(*_boxed(LITERAL_CASES)) == [1.0] * len(LITERAL_CASES)
+
+
+def test_hedged_answers_score_zero(strict):
+    """Issue 43 item 3: a hedge between two values is paid by neither grader (the chain only by a named convention)."""
+    golds, responses = [case[0] for case in HEDGED_CASES], [case[1] for case in HEDGED_CASES]
+    assert [math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True)] == [c[2] for c in HEDGED_CASES]
+    assert strict(responses, golds) == [0.0] * len(HEDGED_CASES)
+    with MathReward(num_workers=1, preset="lenient") as lenient:
+        verdicts = lenient.grade(responses, golds)
+    assert [v.conventions if v.correct else None for v in verdicts] == [
+        (case[3],) if case[3] else None for case in HEDGED_CASES
+    ]
 
 
 def test_invisible_characters_are_ignored_by_a_named_convention(strict):

@@ -56,7 +56,7 @@ def hostile_strings(count: int, seed: int = 0) -> list[str]:
 @pytest.fixture(scope="module")
 def reward():
     with MathReward(timeout_s=TIMEOUT_S, num_workers=2) as reward_fn:
-        assert reward_fn(["\\boxed{\\sqrt{4}}"], ["2"]) == [1.0]  # starts the pool once
+        assert reward_fn(["\\boxed{\\sqrt{8}}"], ["2\\sqrt{2}"]) == [1.0]  # starts the pool once
         reward_fn.counters()
         yield reward_fn
 

@@ -28,7 +28,7 @@ GRADE_100 = textwrap.dedent(
     scores = reward(responses, golds)
     counters = reward.counters()
     reward.close()
-    print(int(sum(scores)), int(counters["symbolic"]), verify_answer("\\\\boxed{\\\\sqrt{4}}", "2"))
+    print(int(sum(scores)), int(counters["symbolic"]), verify_answer("\\\\boxed{\\\\sqrt{8}}", "2\\\\sqrt{2}"))
     """
 )
 EXPECTED_CORRECT = sum(1 for n in range(100) if n % 3 != 0)

@@ -32,6 +32,10 @@ def reward():
         ("Work...\nAnswer: $\\frac{2}{3}$", "$\\frac{2}{3}$"),
         ("<think>\\boxed{1}</think> so the result is \\boxed{2}", "2"),
         ("7,425,000", "7,425,000"),
+        ("The answer is either 7 or 19.", None),  # a hedge between two values is no answer (issue 43)
+        ("Answer: 7 or possibly 19", None),
+        ("\\boxed{7} The answer is 7 or maybe 19", "7"),
+        ("\\boxed{\\boxed{8}}", "8"),
         ("\\boxed{5", None),
         ("\\boxed{}", None),
         ("Long reasoning without any marker. " * 20, None),
@@ -118,24 +122,24 @@ def test_rewards_and_counters(reward):
 
 def test_custom_reward_values_and_protocol():
     custom = MathReward(num_workers=0, correct_reward=2.0, incorrect_reward=-1.0)
-    assert score_responses(custom, ["\\boxed{\\sqrt{4}}", "\\boxed{1}"], ["2", "2"]) == [2.0, -1.0]
+    assert score_responses(custom, ["\\boxed{\\sqrt{8}}", "\\boxed{1}"], ["2\\sqrt{2}", "2"]) == [2.0, -1.0]
     assert custom.counters()["items"] == 2  # the optional tallies of the Reward protocol
 
 
 def test_pickle_and_deepcopy_drop_the_pool(reward):
-    assert reward(["\\boxed{\\sqrt{9}}"], ["3"]) == [1.0]  # the pool is running now
+    assert reward(["\\boxed{\\sqrt{18}}"], ["3\\sqrt{2}"]) == [1.0]  # the pool is running now
     for clone in (copy.deepcopy(reward), pickle.loads(pickle.dumps(reward))):
         assert clone._pool is None
-        assert clone(["\\boxed{\\sqrt{9}}"], ["3"]) == [1.0]
+        assert clone(["\\boxed{\\sqrt{18}}"], ["3\\sqrt{2}"]) == [1.0]
         clone.close()
 
 
 def test_close_then_reuse_starts_a_new_pool():
     reward_fn = MathReward(num_workers=1)
-    assert reward_fn(["\\boxed{\\sqrt{16}}"], ["4"]) == [1.0]
+    assert reward_fn(["\\boxed{\\sqrt{32}}"], ["4\\sqrt{2}"]) == [1.0]
     reward_fn.close()
     assert reward_fn._pool is None
-    assert reward_fn(["\\boxed{\\sqrt{16}}"], ["4"]) == [1.0]
+    assert reward_fn(["\\boxed{\\sqrt{32}}"], ["4\\sqrt{2}"]) == [1.0]
     reward_fn.close()
 
 

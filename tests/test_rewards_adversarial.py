@@ -80,7 +80,7 @@ def hostile_responses(marker: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def reward():
     with MathReward(timeout_s=TIMEOUT_S, num_workers=2) as reward_fn:
-        assert reward_fn(["\\boxed{\\sqrt{4}}"], ["2"]) == [1.0]  # starts the pool once
+        assert reward_fn(["\\boxed{\\sqrt{8}}"], ["2\\sqrt{2}"]) == [1.0]  # starts the pool once
         reward_fn.counters()
         yield reward_fn
 

@@ -17,7 +17,10 @@ CONVENTION_PREFIXES = ("convention", "extraction_policy", "config", "reasoning_t
 # Measured on 2026-12-01: strict 345/361, lenient 348/361, both 216/216 plain (the grader before presets: 346/361).
 # Since issue 30 (2026-12-02) strict refuses two more on purpose, both tagged `config:latex_only`: c0027 `(9+1)` for
 # 10 (`unevaluated_arithmetic`) and c0032 `\frac{1}{2} \$ = \frac{10}{9}` for 10/9 (`equation_right_side`).
-STRICT_TOTAL, LENIENT_TOTAL = 343, 348
+# Since issue 43 (2026-12-03) strict pays a numeric gold only for one literal number and refuses a chain of different
+# values, so it gives up three more, all tagged `config:*`: c0034 `\frac3{3}` for 1 and c0179 `\sqrt{17}` for
+# 4.123105625617661 (`unevaluated_arithmetic`), c0094 `x = 5+5+1 = 7 =11` for `x = 11` (`equation_right_side`).
+STRICT_TOTAL, LENIENT_TOTAL = 340, 348
 
 
 def _is_plain(case: dict) -> bool:

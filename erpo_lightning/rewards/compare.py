@@ -17,8 +17,8 @@ from erpo_lightning.rewards.conventions import GraderSettings
 from erpo_lightning.rewards.normalize import THOUSANDS_SEPARATOR, Leaf, normalize_leaf
 from erpo_lightning.rewards.numbers import (
     approximates,
-    is_computation,
     is_decimal,
+    is_literal,
     is_mixed_number,
     is_scientific,
     numbers_close,
@@ -68,6 +68,8 @@ def assignment_value(text: str) -> str | None:
     None when ``text`` is not a named value (a real equation such as ``x + y = 1``).
     """
     parts = split_top(text, _EQUALS)
+    if not _consistent_chain(parts):
+        return None  # "x = 7 = 19" names two values: a hedge, not an assignment
     value = parts[-1]
     approximations = _APPROX.split(value)
     if len(approximations) > 1:  # "x \\approx 11" names 11; "1/3 \\approx 0.33" means 1/3
@@ -75,6 +77,21 @@ def assignment_value(text: str) -> str | None:
     elif len(parts) < 2 or not _is_label(parts[0]):
         return None
     return value.strip() or None
+
+
+def _consistent_chain(parts: list[str]) -> bool:
+    """Whether the numbers among the sides of an equation chain are all the same value (``x = 0.5 = \\frac{1}{2}``
+    is, ``x = 7 = 19`` is not); sides that are not numbers are not judged."""
+    numbers = []
+    for part in parts:
+        text = normalize_leaf(part).text
+        if (value := parse_number(text)) is not None:
+            numbers.append((value, is_decimal(text)))
+    first, first_decimal = numbers[0] if numbers else (None, False)
+    return all(
+        numbers_equal(first, value, first_decimal or decimal) or numbers_equal(value, first, first_decimal or decimal)
+        for value, decimal in numbers[1:]
+    )
 
 
 def _is_equation(text: str) -> bool:
@@ -160,9 +177,18 @@ class AnswerComparer:
         seq = gold if isinstance(gold, Seq) else pred
         if seq.kind in _UNORDERED:
             return False  # several answers against one
+        if isinstance(gold, str) and self._is_number(gold):  # "(8, 0)", a one-entry matrix: not one literal
+            return self.settings.unevaluated_arithmetic and self._uses(
+                "unevaluated_arithmetic", self._symbolic(gold, pred.text)
+            )
         gold_text = gold.text if isinstance(gold, Seq) else gold
         pred_text = pred.text if isinstance(pred, Seq) else pred
         return self._symbolic(gold_text, pred_text)
+
+    def _is_number(self, text: str) -> bool:
+        """Whether ``text`` reads as one number (signs and units removed): a numeric gold."""
+        leaf = normalize_leaf(text, self.settings.units, self.settings.choice_letters)
+        return parse_number(leaf.text, self.settings.mixed_numbers, self.settings.scientific) is not None
 
     def _sequences(self, gold: Seq, pred: Seq) -> bool:
         kinds = {gold.kind, pred.kind}
@@ -211,18 +237,20 @@ class AnswerComparer:
         """Compare two atomic answers.
 
         An answer that is an equation whose left side is not a name (``5 = 7``), against a gold that is neither an
-        equation nor a choice letter, is refused unless ``equation_right_side`` is on: otherwise
+        equation nor a choice letter, or a chain whose sides are different numbers (``x = 7 = 19``, a hedge), is
+        refused unless ``equation_right_side`` is on (then its last side is the answer): otherwise
         ``\\boxed{<anything> = 7}`` would pay.
         """
         if _squash(gold) == _squash(pred):
             return True
-        unnamed_equation = (
-            _is_equation(pred) and assignment_value(pred) is None and not _is_equation(gold) and not _is_choice(gold)
+        sides = split_top(pred, _EQUALS)
+        unnamed_equation = len(sides) > 1 and (
+            not _consistent_chain(sides)
+            or (assignment_value(pred) is None and not _is_equation(gold) and not _is_choice(gold))
         )
-        if unnamed_equation and not self.settings.equation_right_side:
-            return False
-        verdict = self._atoms(gold, pred)
-        return self._uses("equation_right_side", verdict) if unnamed_equation else verdict
+        if not unnamed_equation:
+            return self._atoms(gold, pred)
+        return self.settings.equation_right_side and self._uses("equation_right_side", self._atoms(gold, sides[-1]))
 
     def _atoms(self, gold: str, pred: str) -> bool:
         settings, plus_minus = self.settings, self.settings.plus_minus
@@ -275,7 +303,12 @@ class AnswerComparer:
         gold_number = parse_number(gold.text, mixed, scientific)
         pred_number = parse_number(pred.text, mixed, scientific)
         if gold_number is not None and pred_number is not None:
+            literal = is_literal(pred.text, mixed, scientific)
+            if not literal and not self.settings.unevaluated_arithmetic:
+                return False  # "38/2", "\\frac{2}{4}": a division left to do
             verdict = self._numbers(gold_number, gold, pred_number, pred)
+            if verdict and not literal:
+                self.used.add("unevaluated_arithmetic")
             if verdict and (is_mixed_number(gold.text) or is_mixed_number(pred.text)):
                 self.used.add("mixed_numbers")
             if verdict and (is_scientific(gold.text) or is_scientific(pred.text)):
@@ -300,9 +333,11 @@ class AnswerComparer:
                 return True
             same = gold.text.casefold().split() == pred.text.casefold().split()
             return self.settings.text_case and self._uses("text_case", same)
-        computed = gold_number is not None and is_computation(pred.text, mixed, scientific)
+        # A numeric gold is matched by a literal number only (decided above): anything else here ("5 + 9 + 5",
+        # "\\lceil 8 \\rceil", "\\binom{8}{4}", "5 9 5") is only paid through evaluation, which pays restatements.
+        computed = gold_number is not None
         if computed and not self.settings.unevaluated_arithmetic:
-            return False  # "5 + 9 + 5" for 19: the problem's numbers restated, not the answer
+            return False
         gold_text, pred_text = _symbolic_text(gold), _symbolic_text(pred)
         inner_degrees = "°" in gold_text + pred_text
         if inner_degrees:  # "\\sin(90^\\circ - x)": a degree is pi/180, under the `degrees` convention only

@@ -42,10 +42,11 @@ CONVENTIONS: dict[str, str] = {
     "symbolic_extras": "rules beyond Math-Verify's sympy checks: written-out operations evaluated, a lone `i` as the "
     "imaginary unit, expressions equal at random real points",
     "numeric_tolerance": "numbers within relative tolerance `rel_tol` are equal (off when rel_tol is 0)",
-    "unevaluated_arithmetic": "an operation written out between numbers equals a numeric gold (`5 + 9 + 5` for 19, "
-    "`2^{10}` for 1024): off by default, since it pays for restating the problem's numbers",
-    "equation_right_side": "an equation whose left side is not a name is read as its right side (`5 = 7` for 7); "
-    "off by default: `x = 7` needs only `assignment`",
+    "unevaluated_arithmetic": "an answer to a numeric gold that is not one literal number is evaluated (`5 + 9 + 5` "
+    "for 19, `2^{10}` for 1024, `\\binom{8}{4}` for 70, `38/2` for 19): off by default, since it pays for restating "
+    "the problem",
+    "equation_right_side": "an equation whose left side is not a name, or a chain of different numbers, is read as its "
+    "last side (`5 = 7` for 7, `x = 7 = 19` for 19); off by default: `x = 7` needs only `assignment`",
     "invisible_characters": "zero-width characters, direction marks, byte-order marks and other invisible format "
     "characters are ignored in golds and answers (`1\\u200b2` for 12)",
 }

@@ -118,6 +118,18 @@ def _last_box_group(text: str, boxes: list[tuple[int, int, str | None]], join: b
     return [c for c in reversed(group) if c.strip()]
 
 
+def _read_through_boxes(content: str, levels: int = 3) -> str:
+    """``\\boxed{\\boxed{8}}`` reads as ``8``: a box that holds exactly one box, and nothing else, is read through
+    (a few ``levels`` deep; deeper nesting is left for the depth bound)."""
+    for _ in range(levels):
+        inner = content.strip()
+        boxes = find_boxes(inner)
+        if len(boxes) != 1 or boxes[0][2] is None or (boxes[0][0], boxes[0][1]) != (0, len(inner)):
+            break
+        content = boxes[0][2]
+    return content
+
+
 def _from_markers(text: str, fallbacks: Sequence[str]) -> str | None:
     """Answer after the last configured textual marker, or None."""
     last: re.Match[str] | None = None
@@ -177,7 +189,7 @@ def extract_final(
         group = _last_box_group(text, boxes, join_boxes)
         if not group:
             return None, "none"
-        return ", ".join(group), "boxes" if len(group) > 1 else "box"
+        return ", ".join(map(_read_through_boxes, group)), "boxes" if len(group) > 1 else "box"
     answer = _from_markers(text, fallbacks)
     if answer:
         return answer, "marker"

@@ -14,6 +14,7 @@ _SUBSTITUTIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(pattern), replacement)
     for pattern, replacement in (
         (r"\\(?:displaystyle|textstyle|limits)(?![A-Za-z])", ""),
+        ("\u2212", "-"),  # the Unicode minus sign
         (r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|bigg|Bigg)(?![A-Za-z])\.?", ""),
         (r"\\\$|\\euro|€|£", ""),
         (r"(?<!\\)\\[()\[\]]|\$", " "),
@@ -36,13 +37,13 @@ _SUBSTITUTIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     )
 )
 _THOUSANDS_MARKUP: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(\d)\s*\{,\}\s*(?=\d{3})"), r"\1"),
+    (re.compile(r"(\d)\s*\{\s*,\s*\}\s*(?=\d{3})"), r"\1"),
     (re.compile(r"(\d),\\!\s*(?=\d)"), r"\1"),
 )
 _TRAILING = re.compile(r"(?:\s|\.|\\(?![A-Za-z{}()\[\]]))+$")
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])")
 THOUSANDS_SEPARATOR = re.compile(
-    r"\d\s*\{,\}\s*\d{3}|\d,\\!\s*\d|(?<![\d.])\d{1,3} \d{3}(?![\d.])|" + _THOUSANDS.pattern
+    r"\d\s*\{\s*,\s*\}\s*\d{3}|\d,\\!\s*\d|\d\\,\s*\d{3}(?!\d)|(?<![\d.])\d{1,3} \d{3}(?![\d.])|" + _THOUSANDS.pattern
 )
 
 _TEXT_WRAPPER = re.compile(
@@ -50,7 +51,7 @@ _TEXT_WRAPPER = re.compile(
     r"\s*\{([^{}]*)\}"
 )
 _TEXT_UNIT = re.compile(r"\s*\\(?:text|textnormal|textrm|mathrm|mbox)\s*\{[^{}\d]*\}\s*(?:\^\s*\{?\d\}?)?$")
-_WORD_UNIT = re.compile(r"(?<=\d)(?:\s+[A-Za-z]{2,}|\s*[A-Za-z]{3,})(?:\s+[A-Za-z]+)*(?:\^\s*\{?\d\}?)?$")
+_WORD_UNIT = re.compile(r"(?<=[\d}])(?:\s+[A-Za-z]{2,}|\s*[A-Za-z]{3,})(?:\s+[A-Za-z]+)*(?:\^\s*\{?\d\}?)?$")
 _PERCENT = re.compile(r"\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", re.IGNORECASE)
 _DEGREE = re.compile(r"\s*°\s*$")
 _CHOICE = re.compile(r"\(([A-Z])\)")

@@ -7,6 +7,7 @@ sides to a number of places (:func:`numbers_equal`, as Math-Verify does); anythi
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -112,24 +113,34 @@ def numbers_equal(gold: Fraction, pred: Fraction, decimal: bool, float_rounding:
     return decimal and rounded != gold and rounded == round(pred, float_rounding)
 
 
-# A computation on numerals only: digits, operators, brackets, \frac and \sqrt (no letters, no constants). One
-# character or one command per repetition: no nested quantifier, so no backtracking blow-up.
-_COMPUTATION = re.compile(r"(?:[\d.\s\-+*/^!(){}\[\]]|\\(?:times|cdot|div|frac|sqrt)(?![A-Za-z]))+")
-_BINARY_OPERATOR = re.compile(r"[-+*/^]|\\(?:times|cdot|div|frac)(?![A-Za-z])")
-_NUMERAL = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+def is_literal(text: str, mixed: bool = True, scientific: bool = True) -> bool:
+    """Whether ``text`` is one number written out, with no operation left to do: an integer or decimal (``-5``,
+    ``0.75``), a fraction in lowest terms with a denominator above 1 (``\\frac{3}{4}``, ``-7/2``), a mixed number
+    (``3\\frac{1}{2}``, when ``mixed``), scientific notation (``1.5 \\times 10^{3}``, ``1.5e3``, when
+    ``scientific``) or a power of ten (``10^{6}``).
 
-
-def is_computation(text: str, mixed: bool = True, scientific: bool = True) -> bool:
-    """Whether ``text`` is an operation written out between numbers rather than one number: ``5 + 9 + 5``,
-    ``2^{10}``, ``3 + \\frac{1}{2}``, ``\\sqrt{8} \\cdot \\sqrt{2}``.
-
-    One number in any notation :func:`parse_number` reads (``-5``, ``\\frac{1}{2}``, ``1.5 \\times 10^{3}``) is not
-    one, nor is a function of one number (``\\sqrt{16}``, ``5!``): a radical is a value.
+    ``38/2``, ``\\frac{2}{4}`` and ``\\frac{8}{1}`` are divisions still to be carried out, so not literals; nor is
+    anything :func:`parse_number` cannot read (``5 + 9 + 5``, ``\\sqrt{16}``, ``\\binom{8}{4}``, ``5 9 5``).
     """
     text = text.strip()
-    if len(text) > 200 or not _COMPUTATION.fullmatch(text) or parse_number(text, mixed, scientific) is not None:
+    if parse_number(text, mixed, scientific) is None:
         return False
-    return len(_NUMERAL.findall(text)) >= 2 and _BINARY_OPERATOR.search(text) is not None
+    fraction = _LATEX_FRACTION.fullmatch(text) or _SLASH_FRACTION.fullmatch(text)
+    if fraction is not None:
+        numerator, denominator = fraction.groups()[-2:]
+        return _in_lowest_terms(numerator, denominator, proper=False)
+    if mixed and (m := _MIXED.fullmatch(text)):
+        numerator, denominator = [g for g in m.groups()[2:] if g]
+        return _in_lowest_terms(numerator, denominator, proper=True)
+    return True
+
+
+def _in_lowest_terms(numerator: str, denominator: str, proper: bool) -> bool:
+    """Whether ``numerator/denominator`` are integers written in lowest terms, with a denominator above 1 in size."""
+    if not re.fullmatch(r"[+-]?\d+", numerator) or not re.fullmatch(r"[+-]?\d+", denominator):
+        return False
+    num, den = abs(int(numerator)), abs(int(denominator))
+    return den > 1 and math.gcd(num, den) == 1 and (num < den or not proper)
 
 
 _ROUNDED_DECIMAL = re.compile(r"[+-]?(\d*)\.(\d{2,})")

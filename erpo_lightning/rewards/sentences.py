@@ -57,7 +57,8 @@ def reduce_to_answer(sentence: str, allow_number: bool = True) -> str | None:
 
     A sentence that is not prose is returned as is. In prose, the part after the last
     " is "/" = " wins when it holds a value, then the last math span, then (if
-    ``allow_number``) the last number.
+    ``allow_number``) the last number; prose that still offers two different values
+    ("either 7 or 19", "7 or possibly 19") has no answer.
     """
     text = _strip_decoration(sentence)
     while text and _is_prose(text):
@@ -69,7 +70,18 @@ def reduce_to_answer(sentence: str, allow_number: bool = True) -> str | None:
         text = tail
     else:
         return text or None
+    if len(_candidates(text)) > 1:
+        return None  # "either 7 or 19", "7 or possibly 19": a hedge between values is no answer
     if (math := _last_math(text)) is not None:
         return math
     numbers = _NUMBER.findall(text) if allow_number else []
     return numbers[-1].strip() if numbers else None
+
+
+def _candidates(prose: str) -> set[str]:
+    """The distinct values a sentence of prose offers: its math spans (a lone letter names, it is not a value) and
+    the numbers outside them."""
+    spans = {re.sub(r"\s+", "", next(g for g in m.groups() if g is not None)) for m in _MATH_SPAN.finditer(prose)}
+    outside = _MATH_SPAN.sub(" ", prose)
+    numbers = {re.sub(r"[\s,]", "", number) for number in _NUMBER.findall(outside)}
+    return {span for span in spans if span and not re.fullmatch(r"[A-Za-z]", span)} | numbers
