@@ -66,6 +66,7 @@ from erpo_lightning.checkpointing import (  # noqa: E402
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
 from erpo_lightning.data.datamodule import check_data_settings  # noqa: E402
 from erpo_lightning.data.sources import parser_unknown_key_line  # noqa: E402
+from erpo_lightning.data.step_memory import check_fit_memory  # noqa: E402
 from erpo_lightning.errors import (  # noqa: E402
     SettingsError,
     debug_requested,
@@ -368,6 +369,7 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
         if subcommand == "fit":  # what RolloutCallback.setup checks against the module's algorithm
             check_group_size(algorithm.advantage_estimator, config.rollout.group_size)
+            check_fit_memory(model.as_dict(), config.data.as_dict(), config.rollout.as_dict(), config.trainer.as_dict())
         if config.get("sweep") is not None:  # `validate`'s: SweepConfig's own checks, on the parsed values
             SweepConfig(**config.sweep.as_dict())
     except ValueError as error:

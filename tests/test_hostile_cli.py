@@ -257,6 +257,20 @@ def test_a_negative_number_after_a_space_is_the_flags_value(config, capsys, over
     assert message in fails_in_one_line(capsys, "fit", "--config", str(config), *overrides)
 
 
+def test_sizes_that_cannot_fit_are_refused_before_the_model_loads(config, capsys, tmp_path):
+    """Issue 43 item 7: `rollout.group_size: 1000000` ran until the kernel killed it (325 s, no message). 10^8
+    responses to each of 2 queries need 192 TiB of KV cache alone: over 4x any machine's memory."""
+    line = fails_in_one_line(capsys, "fit", "--config", str(config), "--rollout.group_size", "100000000")
+    assert line.startswith(
+        "erpo: error: one step needs at least 195.1 TiB per device (rollout batch 3.0 TiB, generation 192.1 TiB, "
+        "micro-batch 40.0 MiB, weights 1.3 MiB) for data.batch_size × rollout.group_size = 200000000 rows of up to "
+        "1030 tokens (data.max_prompt_length + rollout.max_new_tokens), over 4x the "
+    ), line
+    assert line.endswith(": lower rollout.group_size, data.batch_size or the lengths or "
+                         "rollout.engine.init_args.micro_batch_size")  # fmt: skip
+    assert not (tmp_path / "cache").exists()
+
+
 def test_callbacks_check_their_numeric_settings():
     from erpo_lightning.callbacks import HFExportCallback, TemperatureSweepCallback
     from erpo_lightning.evaluation import SweepConfig
