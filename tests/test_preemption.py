@@ -2,15 +2,18 @@
 from that checkpoint is exact; Ctrl-C exits 130. SIGTERM during the reference cache build (`erpo cache`, or at fit
 start) keeps the finished chunks, writes nothing partial, releases the run's lock and exits 143 too."""
 
+import csv
 import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from fit_configs import ERPO, fit_config, write_config
+from lightning.pytorch.loggers import CSVLogger
 from test_hostile_cli import run_main, tiny_config
 from test_resume import LOGGED, run
 
@@ -51,6 +54,34 @@ def test_sigterm_saves_the_step_in_progress_and_resuming_from_it_is_exact(tiny_m
             assert abs(metrics[name] - r_metrics[name]) < 1e-6, (step, name, metrics[name], r_metrics[name])
     for key in full_weights:
         torch.testing.assert_close(resumed_weights[key], full_weights[key], atol=1e-6, rtol=0)
+
+
+def logged_rows(log_dir) -> dict[int, dict[str, float]]:
+    """{step: {metric: value}} of the training rows of a CSVLogger's metrics.csv (one row per logged step)."""
+    with open(log_dir / "metrics.csv") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("train/loss")]
+    steps = [int(row["step"]) for row in rows]
+    assert len(steps) == len(set(steps)), steps  # no step logged twice
+    return {int(row["step"]): {name: float(row[name]) for name in LOGGED} for row in rows}
+
+
+def test_the_preempted_steps_metrics_are_logged_once(tiny_model_path, benchmarks_dir, tmp_path):
+    """The preempted step's row reaches metrics.csv before the run stops, though `log_every_n_steps` (50) would not
+    log it; the resumed run logs the steps after it, with the uninterrupted run's values."""
+    data_file = benchmarks_dir / "gsm8k.jsonl"
+    full_log, part_log = CSVLogger(tmp_path / "full"), CSVLogger(tmp_path / "part")
+    run(tiny_model_path, data_file, tmp_path / "full", 4, logger=full_log, log_every_n_steps=1)
+    with pytest.raises(Preempted):
+        run(tiny_model_path, data_file, tmp_path / "part", 4, extra_callbacks=[SignalAt(2)], logger=part_log)
+    last = tmp_path / "part" / "ckpt" / "last.ckpt"
+    resumed_log = CSVLogger(tmp_path / "part")  # the next version folder
+    run(tiny_model_path, data_file, tmp_path / "part", 4, ckpt_path=last, logger=resumed_log, log_every_n_steps=1)
+    full, preempted, resumed = (logged_rows(Path(log.log_dir)) for log in (full_log, part_log, resumed_log))
+    assert sorted(full) == [0, 1, 2, 3]
+    assert sorted(preempted) == [1] and sorted(resumed) == [2, 3]  # step 1 (the 2nd) in the first log only
+    for step, values in {**preempted, **resumed}.items():
+        for name in LOGGED:
+            assert abs(values[name] - full[step][name]) < 1e-6, (step, name, values[name], full[step][name])
 
 
 @pytest.mark.slow  # three `erpo fit` runs

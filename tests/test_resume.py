@@ -32,7 +32,10 @@ class RecordQueriesAndMetrics(L.Callback):
         self.steps.append((trainer.global_step, trained, rollout.input_ids.tolist(), metrics))
 
 
-def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0, extra_callbacks=()):
+def run(
+    model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0, extra_callbacks=(), logger=False,
+    log_every_n_steps=50,
+):  # fmt: skip
     L.seed_everything(0)
     module = ERPOModule(str(model_path), learning_rate=1e-3)
     data = QueryDataModule(
@@ -48,8 +51,8 @@ def run(model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0, 
     ]
     # The `erpo` command's trainer: its checkpoints are written by AtomicCheckpointIO (temporary file, then rename).
     trainer = ERPOTrainer(
-        max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=callbacks,
+        max_steps=max_steps, accelerator="cpu", logger=logger, log_every_n_steps=log_every_n_steps,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
     )  # fmt: skip
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)

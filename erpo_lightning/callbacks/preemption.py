@@ -4,7 +4,8 @@ A cluster announces preemption with SIGTERM (SLURM's `--signal`, Kubernetes, mos
 SLURM requeue signal). Lightning alone finishes the step and exits 0 without a checkpoint on one process, so a
 requeue loop or a `fit && validate` pipeline takes the run as finished. Here the signal only sets a flag; the step in
 progress ends normally, its checkpoint is written (atomically, by the trainer's CheckpointIO) as `last.ckpt` where
-`--ckpt_path last` looks, and `Preempted` ends the run: `erpo` exits with 128 + the signal's number (143 for
+`--ckpt_path last` looks, its logged metrics are written to the loggers (Lightning writes them only after the hooks
+that `Preempted` ends), and `Preempted` ends the run: `erpo` exits with 128 + the signal's number (143 for
 SIGTERM). The callback also notes a Ctrl-C (KeyboardInterrupt), which the CLI turns into exit status 130.
 """
 
@@ -56,13 +57,15 @@ class PreemptionCheckpoint(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """After a finished step: when a signal arrived (on any rank), save this step and raise `Preempted`."""
+        """After a finished step: when a signal arrived (on any rank), save this step, log its metrics and raise
+        `Preempted`."""
         got = trainer.strategy.reduce_boolean_decision(self.received is not None, all=False)
         if not got:
             return
         number = self.received or signal.SIGTERM  # a rank that got none stops as if it had SIGTERM
         path = self.checkpoint_path(trainer)
         trainer.save_checkpoint(path)  # every rank: a collective under sharding
+        log_finished_step(trainer)
         raise Preempted(
             f"preempted by {signal.Signals(number).name}: saved global step {trainer.global_step} to {path}; resume "
             f"with --ckpt_path last (or {path})",
@@ -87,3 +90,16 @@ class PreemptionCheckpoint(pl.Callback):
         for number, handler in self._previous.items():
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+
+
+def log_finished_step(trainer: pl.Trainer) -> None:
+    """Write the finished step's logged metrics to every logger and flush them, as Lightning does after the
+    `on_train_batch_end` hooks (which `Preempted` ends before it gets there).
+
+    The row is written whatever `trainer.log_every_n_steps` says, as Lightning writes the step a run stops on, and at
+    the step Lightning would give it: the resumed run's first row is the next step, so no row is written twice. Called
+    after the checkpoint is saved, so the checkpoint is the one an unsignalled run would have written.
+    """
+    connector = trainer._logger_connector
+    connector.on_batch_end()
+    connector.log_metrics(connector.metrics["log"])  # every logger's `save()` follows its `log_metrics`
