@@ -3,13 +3,20 @@
 Lightning's default writer stages a checkpoint in `$TMPDIR` and moves it over the destination; when `$TMPDIR` is
 on another filesystem the move is a copy, and a kill during it leaves a truncated `last.ckpt` that the next
 `--ckpt_path last` picks. `AtomicCheckpointIO` writes a temporary file in the destination's own folder and renames
-it, which is atomic: the destination holds either the previous complete checkpoint or the new one.
+it, which is atomic: the destination holds either the previous complete checkpoint or the new one; a failed write
+(a full disk) raises `CheckpointWriteError`, naming the file and the cause. `--ckpt_path last` resumes from the
+newest complete `last*.ckpt`, or, when there is none (its first save failed, or it is incomplete), the newest whole
+checkpoint beside it, and says so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import socket
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,7 @@ import lightning.pytorch as pl
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -43,19 +51,54 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
         temporary = partial_path(target)
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             with open(temporary, "wb") as handle:
                 torch.save(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temporary, target)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            cause = _os_error(error) if isinstance(error, Exception) else None  # not a Ctrl-C or a signal's stop
+            if cause is None:
+                raise
+            raise CheckpointWriteError(target, cause) from error
         _fsync_directory(target.parent)
         _remove_orphans(target)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint file could not be written (full disk, read-only folder, ...): the message names the file and the
+    cause (errno name and text); the file it would have replaced is unchanged."""
+
+    def __init__(self, target: Path, cause: OSError) -> None:
+        code = errno.errorcode.get(cause.errno, str(cause.errno)) if cause.errno is not None else type(cause).__name__
+        fix = "free space there" if cause.errno in (errno.ENOSPC, errno.EDQUOT) else "fix that"
+        super().__init__(
+            cause.errno,
+            f"could not write checkpoint {target}: {code} ({cause.strerror or cause}); {target.name} was not "
+            f"replaced (a previous one stays whole); {fix}, then resume with --ckpt_path last, which takes the "
+            "newest complete checkpoint",
+        )
+        self.message = self.args[1]
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind `error`: itself, or one in its chain (torch.save reports a failed write of its archive as
+    a RuntimeError raised while handling the file's OSError)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -102,22 +145,56 @@ def checkpoint_folders(trainer: pl.Trainer, callback: ModelCheckpoint) -> list[s
     return [os.path.join(trainer.default_root_dir, "checkpoints")]
 
 
-def _last_checkpoints(folder: str) -> list[Path]:
-    """The `last.ckpt` / `last-v<n>.ckpt` files in `folder` (a glob pattern of local folders)."""
+def _checkpoints(folder: str) -> list[Path]:
+    """The `*.ckpt` files and sharded checkpoint folders in `folder` (a glob pattern of local folders)."""
     parent, _, pattern = folder.rpartition("/*/")
     folders = Path(parent).glob(f"*/{pattern}") if parent else [Path(folder)]
-    return [
-        path for directory in folders for path in directory.glob("last*.ckpt")
-        if path.name == "last.ckpt" or path.stem.removeprefix("last-v").isdigit()
-    ]  # fmt: skip
+    return [path for directory in folders for path in directory.glob("*.ckpt")]
+
+
+def is_last(path: Path) -> bool:
+    """Whether `path` is a `last.ckpt` / `last-v<n>.ckpt` (what Lightning's `--ckpt_path last` looks for)."""
+    return path.stem == "last" or (path.stem.startswith("last-v") and path.stem.removeprefix("last-v").isdigit())
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint at `path` is not complete, or None when it is: a file must be a whole torch archive (its
+    zip directory, written last, is there and lists the pickle), a sharded folder must hold its `meta.pt`."""
+    if path.is_dir():
+        return None if (path / SHARDED_METADATA).is_file() else f"a sharded checkpoint without its {SHARDED_METADATA}"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile) as error:
+        return f"incomplete ({error})"
+    return None if any(name.endswith("/data.pkl") or name == "data.pkl" for name in names) else "incomplete"
+
+
+def newest_complete_checkpoint(paths: Iterable[Path]) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint of `paths` (by modification time; a `last*` one wins a tie), and a note on
+    each newer one passed over as incomplete ("<name>: <why>")."""
+    dated = []
+    for path in paths:
+        with contextlib.suppress(OSError):  # removed since it was listed
+            dated.append((path.stat().st_mtime_ns, is_last(path), path))
+    passed = []
+    for _, _, path in sorted(dated, key=lambda entry: entry[:2], reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, passed
+        passed.append(f"{path.name}: {problem}")
+    return None, passed
 
 
 def resolve_resume_path(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
     """`fit`'s checkpoint: `last` must find one (a SettingsError otherwise); `last_or_none` may find none (None).
 
-    Every other value is returned unchanged. "Found" means a `last*.ckpt` in a folder of a ModelCheckpoint callback
-    (`checkpoint_folders`: its `dirpath`, or the logger's version folders when it has none); the newest one is
-    returned as a path. Remote folders (s3://, ...) are left to Lightning's own `last`.
+    Every other value is returned unchanged. "Found" means a complete checkpoint in a folder of a ModelCheckpoint
+    callback (`checkpoint_folders`: its `dirpath`, or the logger's version folders when it has none); the newest one
+    is returned as a path: the newest complete `last*.ckpt`; when there is none (the first save of `last.ckpt`
+    failed, or the callback saves no `last`), the newest complete other `*.ckpt`. A line says which was taken and why
+    whenever a newer file was incomplete or there was no `last*.ckpt`.
+    Remote folders (s3://, ...) are left to Lightning's own `last`.
     """
     if ckpt_path not in ("last", "last_or_none"):
         return ckpt_path
@@ -126,19 +203,49 @@ def resolve_resume_path(trainer: pl.Trainer, ckpt_path: str | None) -> str | Non
     if any(not isinstance(get_filesystem(folder), LocalFileSystem) for folder in folders):
         found = set().union(*(callback._find_last_checkpoints(trainer) for callback in callbacks))
         return "last" if found or ckpt_path == "last" else None
-    found = [path for folder in folders for path in _last_checkpoints(folder)]
-    if found:
-        return str(max(found, key=lambda path: path.stat().st_mtime_ns))
-    if ckpt_path == "last_or_none":
+    found = [path for folder in folders for path in _checkpoints(folder)]
+    chosen, passed = newest_complete_checkpoint(path for path in found if is_last(path))
+    if chosen is None:  # the first save of last.ckpt failed, or the callback saves none: the others, newest first
+        chosen, more = newest_complete_checkpoint(path for path in found if not is_last(path))
+        passed += more or ([] if any(is_last(path) for path in found) else ["there is no last*.ckpt"])
+    if chosen is not None:
+        if passed and rank_zero_only.rank == 0:
+            print(f"[erpo] --ckpt_path last: resuming from {chosen}, the newest complete checkpoint", end="")
+            print(f" ({'; '.join(passed)})", flush=True)
+        return str(chosen)
+    if ckpt_path == "last_or_none" and not found:
         return None
     if not callbacks:
         where = "no ModelCheckpoint callback is configured (trainer.callbacks)"
+    elif found:
+        where = f"no complete checkpoint in {', '.join(sorted(set(folders)))} ({'; '.join(passed)})"
     else:
-        where = f"no last*.ckpt in {', '.join(sorted(set(folders)))}"
+        where = f"no last*.ckpt in {', '.join(sorted(set(folders)))}; no other checkpoint (*.ckpt) there either"
     raise SettingsError(
-        f"ckpt_path: 'last' has nothing to resume: {where}; start without --ckpt_path, or pass --ckpt_path "
+        f"ckpt_path: '{ckpt_path}' has nothing to resume: {where}; start without --ckpt_path, or pass --ckpt_path "
         "last_or_none to resume when a checkpoint exists and start from scratch otherwise"
     )
+
+
+def check_fresh_run_folders(trainer: pl.Trainer) -> None:
+    """SettingsError when a fresh run (no `--ckpt_path`) would write into a ModelCheckpoint folder that holds an
+    earlier run's checkpoints: Lightning would add `last-v1.ckpt` beside its `last.ckpt`, and a later `--ckpt_path
+    last` would take whichever is newest. A folder that is a new logger version is always empty."""
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        folder = str(callback._ModelCheckpoint__resolve_ckpt_dir(trainer))
+        if not isinstance(get_filesystem(folder), LocalFileSystem):
+            continue
+        existing = sorted(path.name for path in _checkpoints(folder))
+        if existing:
+            shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
+            raise SettingsError(
+                f"{folder} already holds checkpoints of an earlier run ({shown}): this new run would save beside "
+                "them (last-v1.ckpt, ...) and --ckpt_path last could later resume either run; to continue that run, "
+                "add --ckpt_path last; to start over, give this run another folder (ModelCheckpoint dirpath, "
+                f"trainer.default_root_dir or the logger's save_dir / version) or delete {folder}"
+            )
 
 
 def lock_path(folder: Path) -> Path:
@@ -218,38 +325,6 @@ def run_folders(trainer: pl.Trainer) -> list[str]:
     return [folder for folder in folders if isinstance(get_filesystem(folder), LocalFileSystem)]
 
 
-CONFIG_KEY = "erpo_config"  # the checkpoint entry holding the run's full `erpo fit` config
-# What a resume may change: how long the run goes on, and where and what it records; and the start-up seed, which
-# the checkpoint's RNG states replace (`seed_everything: true` draws a new one at every start). Anything else would
-# train on with other settings than the checkpoint's optimizer state, data position and metrics were made with.
-RESUMABLE_FIELDS = (
-    "seed_everything",
-    "trainer.max_steps",
-    "trainer.max_epochs",
-    "trainer.max_time",
-    "trainer.callbacks",
-    "trainer.logger",
-    "trainer.enable_checkpointing",
-    "trainer.default_root_dir",
-    "trainer.log_every_n_steps",
-    "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "data.num_workers",
-)
-_NOT_SETTINGS = ("config", "ckpt_path")  # the config files' names, and the checkpoint itself
-
-
-class RunConfigRecorder(pl.Callback):
-    """Writes the run's full config (plain YAML data) into every checkpoint, as `checkpoint["erpo_config"]`, for
-    `check_resume_config` to compare a resume with."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
-
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        checkpoint[CONFIG_KEY] = self.config
-
-
 SHARDED_METADATA = "meta.pt"  # what Lightning's ModelParallelStrategy writes beside a sharded checkpoint's tensors
 
 
@@ -262,65 +337,3 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         if not path.is_file():
             return {}
     return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """`{"a": {"b": 1}}` → `{"a.b": 1}`; lists (tuples as lists) and values with a `class_path` stay whole."""
-    if isinstance(value, tuple):
-        value = list(value)
-    if isinstance(value, dict) and "class_path" not in value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}{key}."))
-        return out
-    return {prefix.removesuffix("."): value}
-
-
-def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt_path: str) -> None:
-    """SettingsError naming every setting of `config` (this run's, as plain data) that differs from the run that
-    wrote `checkpoint`, other than RESUMABLE_FIELDS, with both values.
-
-    A checkpoint written without the CLI has no full config: its module hyperparameters are compared with the
-    fields of `model:` that this run's config holds: a hyperparameter the module no longer has (`temperature`, before
-    the rollout batch carried it) is not compared.
-    """
-    saved = checkpoint.get(CONFIG_KEY)
-    if saved is None:
-        model = config.get("model", {})
-        hparams = checkpoint.get("hyper_parameters", {})
-        saved = {"model": {key: value for key, value in hparams.items() if key in model}}
-        config = {"model": {key: model[key] for key in saved["model"]}}
-    before, now = _flatten(saved), _flatten(config)
-    changed = [
-        f"{key}: {before.get(key)!r} -> {now.get(key)!r}"
-        for key in sorted(before.keys() | now.keys())
-        if key.split(".")[0] not in _NOT_SETTINGS
-        and not any(key == field or key.startswith(f"{field}.") for field in RESUMABLE_FIELDS)
-        and before.get(key) != now.get(key)
-    ]
-    if changed:
-        raise SettingsError(
-            f"ckpt_path: this run differs from the run that wrote {ckpt_path} in {'; '.join(changed)}. A resume "
-            f"continues the same run and may change only {', '.join(RESUMABLE_FIELDS)}; start a new run (without "
-            "--ckpt_path) to change anything else"
-        )
-
-
-def check_checkpoint_model(checkpoint: dict[str, Any], model_path: str, ckpt_path: str) -> None:
-    """SettingsError when `checkpoint` was trained from another initial model than `model_path` (`erpo validate`
-    evaluates the checkpoint's weights in `model_path`'s architecture, with its tokenizer and template)."""
-    trained_from = checkpoint.get("hyper_parameters", {}).get("model_path")
-    if trained_from is None or _same_model_path(str(trained_from), model_path):
-        return
-    raise SettingsError(
-        f"ckpt_path: {ckpt_path} was trained from model_path {trained_from}, but model.model_path is {model_path}; "
-        f"set --model.model_path {trained_from} (the model the checkpoint's weights belong to)"
-    )
-
-
-def _same_model_path(a: str, b: str) -> bool:
-    """Whether two model paths name the same model: equal strings, or the same local directory."""
-    if a == b:
-        return True
-    first, second = Path(a).expanduser(), Path(b).expanduser()
-    return first.exists() and second.exists() and first.resolve() == second.resolve()

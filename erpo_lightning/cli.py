@@ -20,9 +20,11 @@ Errors print as one line plus a hint, parse errors (a choice typo) included; `ER
 traceback (`erpo_lightning.errors`).
 
 `fit` also: resolves `--ckpt_path last / last_or_none` (`checkpointing.resolve_resume_path`); refuses a resume whose
-settings differ from the checkpoint's run except `checkpointing.RESUMABLE_FIELDS` (each checkpoint holds its run's
-config); locks the run's folders against a second run (`checkpointing.RunDirectoryLock`); and, through the trainer's
-`PreemptionCheckpoint`, saves the last finished step on SIGTERM / SIGUSR1 and exits 128 + the signal (Ctrl-C: 130).
+settings differ from the checkpoint's run except `resume_config.RESUMABLE_FIELDS` (each checkpoint holds its run's
+config); refuses a fresh run in a checkpoint folder that holds an earlier run's checkpoints
+(`checkpointing.check_fresh_run_folders`); locks the run's folders against a second run
+(`checkpointing.RunDirectoryLock`); and, through the trainer's `PreemptionCheckpoint`, saves the last finished step
+on SIGTERM / SIGUSR1 and exits 128 + the signal (Ctrl-C: 130).
 `validate` refuses a checkpoint trained from another `model.model_path`.
 """
 
@@ -55,10 +57,8 @@ from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_sett
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback  # noqa: E402
 from erpo_lightning.checkpointing import (  # noqa: E402
     AtomicCheckpointIO,
-    RunConfigRecorder,
     RunDirectoryLock,
-    check_checkpoint_model,
-    check_resume_config,
+    check_fresh_run_folders,
     read_checkpoint,
     resolve_resume_path,
     run_folders,
@@ -78,6 +78,7 @@ from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: 
 from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule, check_module_settings  # noqa: E402
 from erpo_lightning.objectives import check_group_size  # noqa: E402
+from erpo_lightning.resume_config import RunConfigRecorder, check_checkpoint_model, check_resume_config  # noqa: E402
 from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402
 
 # Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
@@ -225,7 +226,7 @@ class ERPOCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would replace the whole `model:` group with a checkpoint's hyperparameters, silently
         dropping the flags given with `--ckpt_path`. Here a resume must match its checkpoint's run instead
-        (`checkpointing.check_resume_config`, in `before_fit`), and `validate` the checkpoint's initial model
+        (`resume_config.check_resume_config`, in `before_fit`), and `validate` the checkpoint's initial model
         (`check_settings`)."""
 
     def before_instantiate_classes(self) -> None:
@@ -257,6 +258,8 @@ class ERPOCLI(LightningCLI):
         process only)."""
         fit = self.config_init["fit"]
         fit["ckpt_path"] = ckpt_path = resolve_resume_path(self.trainer, fit.get("ckpt_path"))
+        if ckpt_path is None:
+            check_fresh_run_folders(self.trainer)
         # The run's settings as plain data (what config.yaml holds): compared with a resumed checkpoint's run, and
         # written into every checkpoint of this one.
         config = yaml.safe_load(self._parser("fit").dump(self.config["fit"], skip_none=False))
