@@ -19,6 +19,7 @@ from erpo_lightning.data import (
     compute_logprob_shard,
     compute_reference_logprobs,
 )
+from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import plan_batches, plan_chunks
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.logprobs import sequence_logprobs
@@ -31,7 +32,7 @@ SOURCES = [
     {"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 12},
     {"path": str(BENCHMARK_DIR / "math500.jsonl"), "limit": 12},
 ]
-SMALL_BATCHES = LogprobBatching(max_tokens=2048, max_batch_size=4, chunk_size=5)
+SMALL_BATCHES = LogprobBatching(max_tokens=2048, max_batch_size=4, chunk_size=5, layout=QueryScoringLayout(2, 16))
 
 
 @pytest.fixture(scope="session")
@@ -74,9 +75,14 @@ def test_batches_are_length_sorted_and_within_budget(prompts):
     order = [i for chunk in chunks for i in chunk]
     assert sorted(order) == list(range(len(prompts)))
     assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
-    for chunk in chunks:
+    for chunk in chunks:  # the vLLM engine's batches
         for batch in plan_batches(chunk, lengths, SMALL_BATCHES):
             assert len(batch) <= 4 and len(batch) * max(lengths[i] for i in batch) <= 2048
+        layout = SMALL_BATCHES.layout  # a transformers model's blocks: one padded width each, at most `rows`
+        blocks = layout.blocks([lengths[i] for i in chunk])
+        assert sorted(p for block in blocks for p in block) == list(range(len(chunk)))
+        for block in blocks:
+            assert len(block) <= layout.rows and len({layout.width(lengths[chunk[p]]) for p in block}) == 1
 
 
 def test_cache_equals_a_direct_forward(model, prompts):
@@ -145,7 +151,8 @@ class Interrupting(torch.nn.Module):
 def test_interrupted_then_resumed_equals_uninterrupted(model, prompts, tmp_path):
     uninterrupted = compute_reference_logprobs(model, prompts, settings=SMALL_BATCHES, progress=False)
     lengths = [len(ids) for ids in prompts]
-    batches_per_chunk = [len(plan_batches(c, lengths, SMALL_BATCHES)) for c in plan_chunks(lengths, 5)]
+    blocks = SMALL_BATCHES.layout.blocks
+    batches_per_chunk = [len(blocks([lengths[i] for i in c])) for c in plan_chunks(lengths, 5)]
     assert len(batches_per_chunk) == 5
 
     first_run = Interrupting(model, fail_at=sum(batches_per_chunk[:2]) + 1)  # dies in the first batch of chunk 3

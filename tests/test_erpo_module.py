@@ -8,6 +8,7 @@ import torch
 from batches import carrying_scores, make_rollout, rollout_loader
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.logprobs import gather_token_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.optim import NonFiniteLossError
@@ -27,6 +28,11 @@ class ReferenceLogprobs:
         with torch.no_grad():
             self.rows = [gather_token_logprobs(model(torch.tensor([p])).logits, torch.tensor([p]))[0] for p in prompts]
         self.nll = torch.tensor([3.0, 5.0])
+
+    layout = QueryScoringLayout()  # what the module's exact query pass scores in (these rows are unpadded forwards)
+
+    def row(self, query_index):
+        return self.rows[query_index]
 
     def padded(self, query_index, width):
         out = torch.zeros(len(query_index), width)
@@ -100,18 +106,20 @@ def make_module(path, reference, **kwargs):
     return module
 
 
+@pytest.mark.parametrize(("scoring", "tolerance"), [("exact", 0.0), ("shared_forward", 1e-3)])
 @pytest.mark.parametrize("estimator", ["sequence_k3", "token_k3"])
-def test_loss_matches_formula_at_step_zero(setup, estimator):
+def test_loss_matches_formula_at_step_zero(setup, estimator, scoring, tolerance):
     path, reference, batch, model = setup
     # Shift the cached reference so that Query-KL is non-zero and its coefficient matters.
     shifted = copy.deepcopy(reference)
     shifted.rows = [row + 0.05 for row in reference.rows]
-    module = make_module(path, shifted, query_kl_coef=0.5, query_kl_estimator=estimator)
+    module = make_module(path, shifted, query_kl_coef=0.5, query_kl_estimator=estimator, query_kl_scoring=scoring)
     assert module.algorithm.query_kl_estimator == estimator
-    assert module.algorithm.query_kl_tolerance == 1e-3  # the float32 default, resolved from model.dtype
     trainer = fit_one_batch(module, batch)
+    # Exact scoring tolerates nothing; the shared forward takes float32's noise floor, resolved from model.dtype.
+    assert module.algorithm.query_kl_tolerance == tolerance
     expected_loss, expected_kl = hand_loss(
-        model, reference, 0.5, query_kl_shift=0.05, estimator=estimator, tolerance=1e-3
+        model, reference, 0.5, query_kl_shift=0.05, estimator=estimator, tolerance=tolerance
     )
     metrics = trainer.callback_metrics
     assert metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
@@ -143,14 +151,19 @@ def test_rows_masked_by_the_rollout_leave_the_loss(setup):
     assert trainer.callback_metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
 
 
-def test_exactly_one_forward_per_micro_batch(setup):
+@pytest.mark.parametrize(("scoring", "query_forwards"), [("shared_forward", 0), ("exact", 1)])
+def test_exactly_one_forward_per_micro_batch(setup, scoring, query_forwards):
+    """Plus, with exact scoring, one per query-scoring block: both prompts (5 and 3 tokens) pad to one width."""
     path, reference, batch, _ = setup
-    module = make_module(path, reference, micro_batch_tokens=18)  # rows are 9 wide: two rows per micro-batch
+    module = make_module(path, reference, micro_batch_tokens=18, query_kl_scoring=scoring)  # rows are 9 wide
     calls = []
     module.configure_model()
-    module.policy.register_forward_hook(lambda *_: calls.append(1))
+    module.policy.register_forward_hook(
+        lambda _, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
     fit_one_batch(module, batch)
-    assert len(calls) == 2
+    assert len(calls) == 2 + query_forwards and [shape[0] for shape in calls[:2]] == [2, 2]  # two rows per micro
+    assert calls[2:] == [torch.Size([QueryScoringLayout().rows, 64])] * query_forwards
 
 
 def test_query_kl_zero_at_step_zero_then_logged_and_growing_for_grpo(setup):

@@ -22,6 +22,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from erpo_lightning.data.query_scoring import QueryScoringLayout
+
 SCORES_FILE = "scores.safetensors"
 MANIFEST_FILE = "manifest.json"
 TENSORS = ("logprobs", "offsets", "nll", "num_tokens")
@@ -50,23 +52,27 @@ class ReferenceLogprobCache:
         offsets: [Q + 1] int64, offsets[0] = 0; offsets[q+1] - offsets[q] = prompt length of query q.
         nll: [Q] float32, summed negative log-likelihood -ℓθ0(q) over the scored tokens (nats).
         num_tokens: [Q] int64, number of scored tokens (prompt length - 1).
+        layout: the blocks the scores were computed in, which the training step reproduces to score queries
+            exactly (set by whoever built or loaded the cache against its manifest); None when unknown or not
+            reproducible (vLLM's scores).
     """
 
     logprobs: torch.Tensor
     offsets: torch.Tensor
     nll: torch.Tensor
     num_tokens: torch.Tensor
+    layout: QueryScoringLayout | None = None
 
     @classmethod
-    def from_rows(cls, rows: list[torch.Tensor]) -> ReferenceLogprobCache:
-        """Build from one [L_q] tensor per query (first entry ignored and stored as 0)."""
+    def from_rows(cls, rows: list[torch.Tensor], layout: QueryScoringLayout | None = None) -> ReferenceLogprobCache:
+        """Build from one [L_q] tensor per query (first entry ignored and stored as 0), scored in `layout`."""
         lengths = torch.tensor([row.numel() for row in rows], dtype=torch.long)
         logprobs = torch.cat([row.float() for row in rows]) if rows else torch.zeros(0)
         offsets = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
         logprobs[offsets[:-1][lengths > 0]] = 0.0
         # Sum in float64: a long query's ℓ is a sum of hundreds of terms and is compared across runs.
         nll = torch.stack([-row[1:].double().sum() for row in rows]).float() if rows else torch.zeros(0)
-        return cls(logprobs, offsets, nll, (lengths - 1).clamp(min=0))
+        return cls(logprobs, offsets, nll, (lengths - 1).clamp(min=0), layout)
 
     def __len__(self) -> int:
         return self.nll.numel()

@@ -14,6 +14,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from erpo_lightning.data.cache import (
 )
 from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fingerprint_digest
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat, prepare_queries
+from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import (
     Gather,
     LogprobBatching,
@@ -64,6 +66,8 @@ _SETTING_RULES: tuple[Rule, ...] = tuple(
         ("cache_max_tokens", 1),
         ("cache_batch_size", 1),
         ("cache_chunk_size", 1),
+        ("query_score_rows", 1),
+        ("query_score_width_multiple", 1),
     )
 )
 
@@ -125,9 +129,15 @@ class QueryDataModule(LightningDataModule):
             the policy's compute dtype (`policy_compute_dtype`), so that Query-KL at θ0 compares like with like.
             A value that differs from the policy's compute dtype is refused.
         cache_device: device of the reference forward; None uses the trainer's device (else CUDA if available).
-        cache_max_tokens, cache_batch_size, cache_chunk_size: see `LogprobBatching`.
+        cache_max_tokens, cache_batch_size, cache_chunk_size: see `LogprobBatching` (the first two batch the vLLM
+            engine only).
         cache_engine: "transformers" (a forward with `logprobs.sequence_logprobs`, what the trainer uses) or "vllm"
-            (the engine's `prompt_logprobs`; needs vLLM installed; equal to ~1e-6 in float32).
+            (the engine's `prompt_logprobs`; needs vLLM installed; equal to ~1e-6 in float32, not bit for bit, so
+            it needs the module's `query_kl_scoring: shared_forward`).
+        query_score_rows, query_score_width_multiple: the shape of every query-scoring forward, in the cache build
+            and in the training step (`query_scoring.QueryScoringLayout`): blocks of this many queries, each
+            right-padded to a multiple of this many tokens. Equal shapes make the step's scores at θ0 equal the
+            cache's bit for bit; part of the cache's fingerprint.
     """
 
     def __init__(
@@ -153,6 +163,8 @@ class QueryDataModule(LightningDataModule):
         cache_batch_size: int = 64,
         cache_chunk_size: int = 512,
         cache_engine: Literal["transformers", "vllm"] = "transformers",
+        query_score_rows: int = 8,
+        query_score_width_multiple: int = 64,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -164,7 +176,8 @@ class QueryDataModule(LightningDataModule):
         self.batch_size, self.shuffle, self.seed, self.num_workers = batch_size, shuffle, seed, num_workers
         self.cache_dir, self.cache_force = cache_dir, cache_force
         self.cache_dtype, self.cache_device, self.cache_engine = cache_dtype, cache_device, cache_engine
-        self.score_settings = LogprobBatching(cache_max_tokens, cache_batch_size, cache_chunk_size)
+        layout = QueryScoringLayout(query_score_rows, query_score_width_multiple)
+        self.score_settings = LogprobBatching(cache_max_tokens, cache_batch_size, cache_chunk_size, layout)
         self.data: PreparedQueries | None = None
         self.cache: ReferenceLogprobCache | None = None
         # [Q] w(q) of every query when the module's algorithm makes it static (made in setup("fit")), else None.
@@ -304,8 +317,14 @@ class QueryDataModule(LightningDataModule):
             data.prompt_ids,
             self.max_prompt_length,
             dtype or self.reference_dtype(),
+            self.scoring_layout(),
         )
         return {**manifest, "engine": self.cache_engine}
+
+    def scoring_layout(self) -> QueryScoringLayout | None:
+        """The layout the cache's scores were computed in, which the training step can reproduce bit for bit; None
+        with the vLLM engine, whose scores no training forward reproduces exactly."""
+        return self.score_settings.layout if self.cache_engine == "transformers" else None
 
     def build_or_load_cache(
         self, force: bool | None = None, strategy=None, module=None, repair: bool = False
@@ -341,7 +360,7 @@ class QueryDataModule(LightningDataModule):
             reuse = all(gather(reuse))
         if reuse:
             report(f"loaded reference scores of {len(cache)} queries ({dtype}) from {directory}")
-            return cache
+            return replace(cache, layout=self.scoring_layout())
 
         check_writable(directory, chunk_dir)  # a read-only folder is refused before the model loads
         with StopOnSignals(chunk_dir) as stop:  # SIGTERM / SIGUSR1: finished chunks kept, nothing partial
@@ -376,7 +395,7 @@ class QueryDataModule(LightningDataModule):
                     write_cache(directory, cache, manifest, digest)
                     shutil.rmtree(directory / "partial", ignore_errors=True)
         report(f"wrote reference scores to {directory}")
-        return cache
+        return replace(cache, layout=self.scoring_layout())
 
     def _load_checked(self, directory: Path, manifest: dict, digest: str, repair: bool) -> ReferenceLogprobCache | None:
         """The cache in `directory` if it is there, this run's, and intact; None when there is none, when it predates

@@ -2,7 +2,8 @@
 
 The manifest records the model (path and a hash of its weight files), the tokenizer (hash of its files), the prompt
 template, the data (a hash of every query's id, problem and answer, and of the prompt token ids), the maximum prompt
-length and the forward dtype. Any difference in those fields means the cached scores are not the reference scores
+length, the forward dtype and the query scoring layout (the shape the scores were computed at, which the training
+step reproduces). Any difference in those fields means the cached scores are not the reference scores
 of this run, so loading refuses and says which field differs.
 """
 
@@ -14,6 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.sources import Query
 from erpo_lightning.file_hashes import cached_file_sha256
 
@@ -26,6 +28,7 @@ FINGERPRINT_FIELDS = (
     "prompt_tokens_hash",
     "max_prompt_length",
     "dtype",
+    "scoring_layout",
 )
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = (
@@ -92,8 +95,11 @@ def build_manifest(
     prompt_ids: Sequence[Sequence[int]],
     max_prompt_length: int,
     dtype: str,
+    scoring_layout: QueryScoringLayout | None = None,
 ) -> dict:
-    """The manifest of a cache for this model, template and data (hashes the model's weight files: seconds per GB)."""
+    """The manifest of a cache for this model, template and data (hashes the model's weight files: seconds per GB).
+    `scoring_layout`: the blocks the scores are computed in; None for an engine whose scores no training forward
+    reproduces bit for bit (vLLM)."""
     model_dir = resolve_model_dir(model_path)
     return {
         "model_path": str(model_path),
@@ -104,6 +110,7 @@ def build_manifest(
         "prompt_tokens_hash": _json_hash([list(ids) for ids in prompt_ids]),
         "max_prompt_length": max_prompt_length,
         "dtype": dtype,
+        "scoring_layout": None if scoring_layout is None else scoring_layout.to_dict(),
         "num_queries": len(queries),
         "num_prompt_tokens": sum(len(ids) for ids in prompt_ids),
         "package_version": importlib.metadata.version("erpo-lightning"),
@@ -132,6 +139,8 @@ def check_manifest(found: dict, expected: dict, where: Path) -> None:
         "prompt_tokens_hash": "the prompts tokenize differently",
         "max_prompt_length": "max_prompt_length differs",
         "dtype": "the forward dtype differs: it follows the policy's compute dtype unless data.cache_dtype is set",
+        "scoring_layout": "the query scoring layout differs (data.query_score_rows / query_score_width_multiple or "
+        "the engine; caches from before exact scoring have none)",
     }
     reasons = ", ".join(hints[key] for key in FINGERPRINT_FIELDS if found.get(key) != expected[key])
     raise CacheMismatchError(

@@ -2,11 +2,9 @@
 
 Queries are sorted by length (longest first, so an out-of-memory shows at once) and cut into chunks of
 `chunk_size` queries; rank r scores chunks r, r + world_size, ... Each finished chunk is written to `chunk_dir`
-(safetensors), so a restarted run skips it. Within a chunk, batches hold at most `max_tokens` padded tokens.
-
-Prompts are right-padded with an all-ones attention mask: causal attention never lets a real token see the padding
-after it, so every real position is scored exactly as in an unpadded forward, with no position-id shift and the
-fast causal attention kernels. Scores come from `logprobs.sequence_logprobs`, the function the trainer uses.
+(safetensors), so a restarted run skips it. Within a chunk, a transformers model scores in the blocks of
+`query_scoring.QueryScoringLayout`, the shape the training step scores queries at, so the two agree bit for bit;
+vLLM scores in batches of at most `max_tokens` padded tokens.
 
 A build stopped by SIGTERM or SIGUSR1 (`StopOnSignals`) keeps its finished chunks, leaves no partial file, and raises
 `CacheBuildStopped`, which `erpo` turns into exit status 128 + the signal's number, as for a preempted fit.
@@ -28,8 +26,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from erpo_lightning.data.cache import ReferenceLogprobCache, atomic_save_file
+from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
 from erpo_lightning.data.reference_logprobs_vllm import vllm_query_logprobs
-from erpo_lightning.logprobs import sequence_logprobs
 
 CHUNK_NAME = "chunk_{:06d}.safetensors"  # one finished chunk in `chunk_dir`, by chunk number
 Shard = dict[str, torch.Tensor]  # {"query_index" [n], "lengths" [n], "logprobs" [sum(lengths)]}
@@ -96,14 +94,16 @@ class LogprobBatching:
     """Batching of the cache forward.
 
     Attributes:
-        max_tokens: padded tokens per forward batch (rows × longest prompt); bounds activation memory.
-        max_batch_size: rows per forward batch.
+        max_tokens: padded tokens per vLLM batch (rows × longest prompt); bounds activation memory.
+        max_batch_size: rows per vLLM batch.
         chunk_size: queries per resumable chunk (also the unit of work shared between ranks).
+        layout: the blocks a transformers model scores in (the training step's shape: see `query_scoring`).
     """
 
     max_tokens: int = 16384
     max_batch_size: int = 64
     chunk_size: int = 512
+    layout: QueryScoringLayout = QueryScoringLayout()
 
 
 def finished_chunks(chunk_dir: str | Path) -> int:
@@ -130,23 +130,19 @@ def plan_batches(indices: Sequence[int], lengths: Sequence[int], settings: Logpr
     return batches
 
 
-def right_padded(prompts: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-    """[B, L] token ids right-padded with token 0 (any id works: padding is after every real token)."""
-    width = max(len(ids) for ids in prompts)
-    out = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        out[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    return out.to(device)
-
-
 @torch.no_grad()
-def batch_query_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Per-token log-probs of each prompt under `model`: one float32 [L_q] CPU tensor per prompt, entry 0 = 0."""
-    device = next(model.parameters()).device
-    input_ids = right_padded(prompts, device)
-    token_logprobs = sequence_logprobs(model, input_ids, torch.ones_like(input_ids)).float().cpu()
-    token_logprobs[:, 0] = 0.0
-    return [token_logprobs[row, : len(ids)].clone() for row, ids in enumerate(prompts)]
+def batch_query_logprobs(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: QueryScoringLayout | None = None
+) -> list[torch.Tensor]:
+    """Per-token log-probs of each prompt under `model`, scored in `layout`'s blocks (default: the default layout):
+    one float32 [L_q] CPU tensor per prompt, entry 0 = 0."""
+    layout = layout or QueryScoringLayout()
+    rows: dict[int, torch.Tensor] = {}
+    for block in layout.blocks([len(ids) for ids in prompts]):
+        for position, row in zip(block, score_block(model, [prompts[p] for p in block], layout), strict=True):
+            rows[position] = row.cpu().clone()
+            rows[position][0] = 0.0
+    return [rows[position] for position in range(len(prompts))]
 
 
 def _load_chunk(path: Path, expected: list[int], lengths: list[int]) -> Shard | None:
@@ -214,10 +210,18 @@ def _shard(indices: Sequence[int], lengths: Sequence[int], logprobs: torch.Tenso
 
 def _logprob_chunk(model, prompts, lengths: list[int], chunk: list[int], settings: LogprobBatching, on_batch) -> Shard:
     """Score one chunk batch by batch (`on_batch(tokens)` after each) and return it in chunk order."""
-    score = batch_query_logprobs if isinstance(model, torch.nn.Module) else vllm_query_logprobs
     rows: dict[int, torch.Tensor] = {}
-    for batch in plan_batches(chunk, lengths, settings):
-        rows.update(zip(batch, score(model, [prompts[i] for i in batch]), strict=True))
+    if isinstance(model, torch.nn.Module):  # one scoring block at a time (its rows share a padded width)
+        batches = [[chunk[p] for p in block] for block in settings.layout.blocks([lengths[i] for i in chunk])]
+    else:
+        batches = plan_batches(chunk, lengths, settings)
+    for batch in batches:
+        batch_prompts = [prompts[i] for i in batch]
+        if isinstance(model, torch.nn.Module):
+            scores = batch_query_logprobs(model, batch_prompts, settings.layout)
+        else:
+            scores = vllm_query_logprobs(model, batch_prompts)
+        rows.update(zip(batch, scores, strict=True))
         on_batch(sum(lengths[i] for i in batch))
     return _shard(chunk, [lengths[i] for i in chunk], torch.cat([rows[i] for i in chunk]))
 

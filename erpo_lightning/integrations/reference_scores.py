@@ -18,6 +18,7 @@ import torch
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import SCORES_FILE, ReferenceLogprobCache, read_manifest, write_cache
 from erpo_lightning.data.fingerprint import _json_hash, check_manifest, fingerprint_digest
+from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import compute_reference_logprobs
 
 
@@ -51,6 +52,7 @@ def reference_manifest(
         "prompt_tokens_hash": _json_hash([list(map(int, ids)) for ids in prompt_ids]),
         "max_prompt_length": max((len(ids) for ids in prompt_ids), default=0),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "scoring_layout": QueryScoringLayout().to_dict(),  # what `compute_reference_logprobs` scores in by default
         "num_queries": len(prompt_ids),
         "num_prompt_tokens": sum(len(ids) for ids in prompt_ids),
         "package_version": importlib.metadata.version("erpo-lightning"),

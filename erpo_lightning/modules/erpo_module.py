@@ -3,8 +3,9 @@
 One `training_step` receives the step's `QueryBatch` with its `RolloutBatch` attached (the RolloutCallback generated
 and scored it, see `erpo_lightning/callbacks/rollout.py`) and runs `num_iterations` passes of optimizer steps over
 it, each on `update_batch_size` queries, each split in micro-batches by a token budget. One forward per micro-batch
-gives both the response log-probs (policy gradient) and the query log-probs (Query-KL). Manual optimization: several
-optimizer steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
+gives the response log-probs (policy gradient); the unique queries are scored again alone, in the reference cache's
+layout, for an exact Query-KL (`query_kl_scoring`, `modules/query_pass.py`). Manual optimization: several optimizer
+steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
-from erpo_lightning.data.datamodule import QueryDataModule
+from erpo_lightning.data.datamodule import QueryDataModule, policy_compute_dtype
 from erpo_lightning.logprobs import (
     causal_lm_logits,
     prompt_response_logprobs_and_entropy,
@@ -32,13 +33,20 @@ from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings, weight_norm
+from erpo_lightning.modules.query_pass import exact_query_kl
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
-from erpo_lightning.modules.step_metrics import build_train_metrics, compute_and_reset, update_micro_metrics
+from erpo_lightning.modules.step_metrics import (
+    build_train_metrics,
+    compute_and_reset,
+    update_micro_metrics,
+    update_query_metrics,
+)
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.setting_rules import Rule, check_rules
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+QueryKLScoring = Literal["exact", "shared_forward"]
 
 # One rule for the weights' dtype and the FSDP2 compute dtype: float16 needs loss scaling, which the step does not do.
 _NOT_FLOAT16 = (
@@ -94,6 +102,15 @@ class ERPOModule(L.LightningModule):
         optimizer, lr_scheduler: callables `params -> Optimizer` and `Optimizer -> LRScheduler` (in a config:
             `class_path` + `init_args`); None = the AdamW / `optim.LinearWarmup` above. Which setting wins: optim.py.
         gradient_clip_norm: max global grad norm, > 0 (None = no clipping).
+        query_kl_scoring: how the step scores the queries for Query-KL. `exact`: the unique queries alone, in the
+            reference cache's layout (`modules/query_pass.py`), equal to the cache bit for bit at θ0 in any
+            precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_forward`:
+            from the [prompt; response] forward that scores the responses (the paper's "no extra forward"), whose
+            rounding differs from the cache's, so `query_kl_tolerance` defaults to the compute dtype's noise floor.
+        skip_zero_signal_steps: skip an optimizer step whose gradient is exactly 0 on every rank (no group with
+            reward variance and no Query-KL or Policy-KL pull): no optimizer or LR-schedule update, so AdamW's
+            momentum and weight decay do not move the policy. It still counts towards `max_steps` and consumes its
+            batch; `train/zero_signal_skips` counts them.
         monitor_policy_kl: load a frozen reference model to log Policy-KL even when its coefficient is 0.
         nan_policy, max_consecutive_skips: `stop` raises on a non-finite loss/gradient; `skip` drops that optimizer
             step (not counted towards `max_steps`) and stops the run after `max_consecutive_skips` in a row. Under
@@ -138,6 +155,8 @@ class ERPOModule(L.LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         gradient_clip_norm: float | None = 1.0,
+        query_kl_scoring: QueryKLScoring = "exact",
+        skip_zero_signal_steps: bool = False,
         monitor_policy_kl: bool = False,
         nan_policy: Literal["stop", "skip"] = "stop",
         max_consecutive_skips: int = 10,
@@ -154,9 +173,8 @@ class ERPOModule(L.LightningModule):
         # Every field of `Algorithm` is a parameter of this module of the same name: None keeps the preset's value.
         overrides = {field.name: self.hparams[field.name] for field in fields(Algorithm)}
         self.algorithm: Algorithm = resolve_algorithm(algorithm, **overrides)
-        if self.algorithm.query_kl_tolerance is None:  # the noise floor of the dtype the policy computes in
-            compute_dtype = getattr(torch, fsdp_mixed_precision or dtype)
-            self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(compute_dtype))
+        if self.algorithm.query_kl_tolerance is None and query_kl_scoring == "exact":  # exact: nothing to tolerate
+            self.algorithm = replace(self.algorithm, query_kl_tolerance=0.0)
         self.guard = NonFiniteGuard(nan_policy, max_consecutive_skips)
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
@@ -164,6 +182,7 @@ class ERPOModule(L.LightningModule):
         # A data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]` reference log-probs (Query-KL).
         self.reference_cache: Any = None
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
+        self.zero_signal_skips = 0  # optimizer steps skipped by skip_zero_signal_steps
         self.train_metrics = build_train_metrics()
         self._logged_train_metrics: set[str] = set()  # every `train/` name logged so far (see _log_train_metrics)
 
@@ -197,6 +216,9 @@ class ERPOModule(L.LightningModule):
                     shard_causal_lm(model, mesh, self.hparams.fsdp_mixed_precision)
 
     def setup(self, stage: str) -> None:
+        if self.algorithm.query_kl_tolerance is None:  # shared_forward: the noise floor of the compute dtype
+            compute_dtype = getattr(torch, policy_compute_dtype(self, self.trainer.strategy) or "float32")
+            self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(compute_dtype))
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         if self.reference_cache is None and isinstance(datamodule, QueryDataModule):
             self.reference_cache = datamodule.cache  # built by the datamodule's setup, which Lightning runs first
@@ -216,6 +238,7 @@ class ERPOModule(L.LightningModule):
                 raise ValueError(f"refusing to write a checkpoint whose weight {name} is not finite (NaN/inf)")
         checkpoint["erpo"] = {
             "policy_version": self.policy_version,
+            "zero_signal_skips": self.zero_signal_skips,
             "skipped_steps": self.guard.skipped_steps,
             "consecutive_skips": self.guard.consecutive_skips,
             # Unseeded rollouts and any other sampling draw from these: a resumed run continues their streams.
@@ -225,6 +248,7 @@ class ERPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("erpo", {})
         self.policy_version = state.get("policy_version", 0)
+        self.zero_signal_skips = state.get("zero_signal_skips", 0)
         self.guard.skipped_steps = state.get("skipped_steps", 0)
         self.guard.consecutive_skips = state.get("consecutive_skips", 0)
         if "rng" in state:
@@ -345,7 +369,11 @@ class ERPOModule(L.LightningModule):
         ref_response = None
         if self.reference_policy is not None:
             ref_response = self._response_logprobs(self.reference_policy, micro)
-        reference = self.reference_cache.padded(micro.query_index, prompt_length).to(query_lp)
+        reference = None
+        if self.hparams.query_kl_scoring == "shared_forward":
+            reference = self.reference_cache.padded(micro.query_index, prompt_length).to(query_lp)
+        else:  # scored alone by _optimizer_step's query pass
+            query_lp = None
         # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
         loss, parts = obj.rl_loss(
             self.algorithm, response_lp, old, micro.advantages, micro.response_mask,
@@ -377,6 +405,14 @@ class ERPOModule(L.LightningModule):
             if real:
                 step_sums += torch.stack([loss.detach(), parts["pg_loss"]])
                 recorded.append((micro, parts))
+        query_parts = None
+        if self.hparams.query_kl_scoring == "exact":
+            query_term, query_parts = exact_query_kl(
+                self.policy, batch, self.reference_cache, self.algorithm, normalizers,
+                lambda term: self.manual_backward(term * scale), self._trainer, self.device,
+                self.hparams.loss_constant or batch.max_new_tokens,
+            )  # fmt: skip
+            step_sums[0] += query_term
         step_loss, step_pg_loss = self._global_sum(step_sums)  # the whole step's values, equal on every rank
         where = f"global step {self.global_step} (epoch {self.current_epoch})"
         finite = self.guard.finite("loss", step_loss, where)
@@ -390,6 +426,11 @@ class ERPOModule(L.LightningModule):
             self.train_metrics["grad_norm"].update(grad_norm)
             for micro, parts in recorded:
                 update_micro_metrics(self.train_metrics, micro, parts)
+            if query_parts is not None:
+                update_query_metrics(self.train_metrics, query_parts)
+        if finite and self.hparams.skip_zero_signal_steps and grad_norm == 0:
+            self._skip_zero_signal_step()
+        elif finite:
             optimizer.step()
             self.lr_schedulers().step()
             self.policy_version += 1
@@ -398,6 +439,15 @@ class ERPOModule(L.LightningModule):
             self.print(f"[erpo] non-finite loss or gradient at {where}: optimizer step skipped")
         self.guard.record(stepped=finite)
         optimizer.zero_grad(set_to_none=True)
+
+    def _skip_zero_signal_step(self) -> None:
+        """Leave weights, optimizer state and LR schedule as they are, but count the step towards `max_steps` (the
+        batch is consumed: the run sees the same data as one that stepped)."""
+        self.zero_signal_skips += 1
+        if self._trainer is not None:  # Lightning counts a manual-optimization step when the optimizer steps
+            progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+            progress.increment_ready()
+            progress.increment_completed()
 
     def training_step(self, batch: QueryBatch, batch_idx: int) -> None:
         """Run the optimizer steps of the step's rollout batch (see the module docstring)."""
@@ -433,6 +483,7 @@ class ERPOModule(L.LightningModule):
         logged.update({name: float("nan") for name in self._logged_train_metrics - logged.keys()})
         self._logged_train_metrics |= logged.keys()
         logged["train/skipped_steps"] = float(self.guard.skipped_steps)
+        logged["train/zero_signal_skips"] = float(self.zero_signal_skips)
         logged["train/policy_version"] = float(self.policy_version)
         logged["train/lr"] = self.optimizers().param_groups[0]["lr"]
         self.log_dict(logged, on_step=True, prog_bar=False, batch_size=1)

@@ -25,12 +25,18 @@ def build_train_metrics() -> torch.nn.ModuleDict:
     return metrics
 
 
+def update_query_metrics(metrics: torch.nn.ModuleDict, parts: dict) -> None:
+    """Add per-query values ([Q] each) as `objectives.query_kl_parts` names them."""
+    for name in ("query_kl", "query_kl_token_k3", "query_loglik_change"):
+        metrics[name].update(parts[name])
+
+
 def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, parts: dict) -> None:
-    """Add one micro-batch: `parts` as `objectives.rl_loss` returns them (plus `entropy`, `logprob_abs_diff`)."""
+    """Add one micro-batch: `parts` as `objectives.rl_loss` returns them (plus `entropy`, `logprob_abs_diff`); its
+    per-query parts only when the micro-batch's forward scored the queries (`query_kl_scoring: shared_forward`)."""
     response_mask = micro.response_mask
-    metrics["query_kl"].update(parts["query_kl"])
-    metrics["query_kl_token_k3"].update(parts["query_kl_token_k3"])
-    metrics["query_loglik_change"].update(parts["query_loglik_change"])
+    if "query_kl" in parts:
+        update_query_metrics(metrics, parts)
     metrics["entropy"].update(parts["entropy"], response_mask)
     for name in ("policy_kl", "logprob_abs_diff"):
         if name in parts:

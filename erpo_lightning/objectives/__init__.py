@@ -41,6 +41,8 @@ from erpo_lightning.objectives.kl import (
 from erpo_lightning.objectives.loss import (
     LossSettings,
     loss_normalizers,
+    query_kl_loss,
+    query_kl_parts,
     query_token_mask,
     rl_loss,
     split_prompt_response,
@@ -78,6 +80,8 @@ __all__ = [
     "per_query_kl",
     "policy_gradient_loss",
     "query_kl",
+    "query_kl_loss",
+    "query_kl_parts",
     "query_kl_tokens",
     "query_kl_tolerance_for",
     "within_tolerance_as_zero",

@@ -73,12 +73,13 @@ class LossSettings:
             `like_pg`: per-token k3 on every row's prompt tokens aggregated like the PG loss, with its normaliser
             (the released code; needs `token_k3`).
         query_kl_tolerance: per-token log-ratio (nats) that the Query-KL *loss* takes as numerical noise: within it
-            a query token counts as unmoved, value and gradient 0 (`within_tolerance_as_zero`). Without it, the
-            rounding gap between the cached reference and the training forward gives Adam a gradient to normalise
-            into full learning-rate steps in a noise direction, and the regulariser makes the drift it should bound
-            (docs/erpo.md, "Query-KL at θ0"). None = `query_kl_tolerance_for(policy compute dtype)`, resolved by
-            whoever runs the model (`ERPOModule`; `rl_loss` alone reads None as the float32 value); 0 = none. The
-            logged Query-KL values are the raw ones.
+            a query token counts as unmoved, value and gradient 0 (`within_tolerance_as_zero`), so n·τ nats of each
+            n-token query's drift go unpenalised. Needed only where the step's query scores are not the cache's to
+            the bit (ERPOModule's `query_kl_scoring: shared_forward`, the TRL trainer): there the rounding gap gives
+            Adam a gradient to normalise into full learning-rate steps in a noise direction (docs/erpo.md, "Query-KL
+            at θ0"). None = 0 under exact scoring, else `query_kl_tolerance_for(policy compute dtype)`, resolved by
+            whoever runs the model (`rl_loss` alone reads None as the float32 value); 0 = none. The logged Query-KL
+            values are the raw ones.
         kl_clamp_mode: how Query-KL and Policy-KL are bounded (`kl_penalty`, `sequence_k3`): `value` clamps the k3
             value at `kl_clamp` (the released code), `log_ratio` clamps the log-ratio at ±`kl_clamp`, `none` is
             plain k3.
@@ -123,8 +124,8 @@ def rl_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    query_logprobs: torch.Tensor,
-    ref_query_logprobs: torch.Tensor,
+    query_logprobs: torch.Tensor | None,
+    ref_query_logprobs: torch.Tensor | None,
     query_mask: torch.Tensor,
     is_leader: torch.Tensor,
     seq_weights: torch.Tensor | None = None,
@@ -133,6 +134,9 @@ def rl_loss(
     ref_response_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The whole loss of [prompt; response] rows: weighted PG + α · Query-KL (+ β · Policy-KL).
+
+    With `query_logprobs` None the Query-KL term is left out, for a caller that scores the queries in a forward of
+    their own (`query_kl_loss` on it) and its parts are not returned.
 
     Args:
         response_logprobs, old_logprobs, response_mask: [N, R] (see `policy_gradient_loss`); advantages: [N].
@@ -165,27 +169,15 @@ def rl_loss(
         constant,
         normalizers["tokens"] if token_mode else sequences,
     )
-    tolerance = query_kl_tolerance_for(torch.float32) if s.query_kl_tolerance is None else s.query_kl_tolerance
-    leaders = (query_logprobs[is_leader], ref_query_logprobs[is_leader], query_mask[is_leader])
-    if s.query_kl_aggregation == "per_query":
-        per_query = per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp, tolerance)
-        query_kl_loss = per_query.sum() / normalizers["queries"]
-    elif s.query_kl_estimator != "token_k3":
-        raise ValueError("query_kl_aggregation 'like_pg' aggregates per-token values: it needs estimator token_k3")
-    else:
-        tokens = query_kl_tokens(query_logprobs, ref_query_logprobs, query_mask, s.kl_clamp_mode, s.kl_clamp, tolerance)
-        query_normalizer = normalizers["query_tokens"] if token_mode else sequences
-        query_kl_loss = aggregate(tokens, query_mask, s.loss_aggregation, None, constant, query_normalizer)
-    loss = pg_loss + s.query_kl_coef * query_kl_loss
-    with torch.no_grad():
-        now, then, scored = leaders
-        parts = {
-            "pg_loss": pg_loss.detach(),
-            "query_kl": per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp),
-            "query_kl_token_k3": per_query_kl(*leaders, "token_k3", "value", DEFAULT_KL_CLAMP),
-            "query_loglik_change": torch.where(scored.bool(), now - then.to(now), 0.0).sum(-1),
-            "stats": stats,
-        }
+    loss, parts = pg_loss, {"pg_loss": pg_loss.detach(), "stats": stats}
+    if query_logprobs is not None:
+        leaders = (query_logprobs[is_leader], ref_query_logprobs[is_leader], query_mask[is_leader])
+        if s.query_kl_aggregation == "per_query":
+            query_kl_term = query_kl_loss(s, *leaders, normalizers, constant)
+        else:  # like the PG loss: every row's prompt tokens, one row each
+            query_kl_term = query_kl_loss(s, query_logprobs, ref_query_logprobs, query_mask, normalizers, constant)
+        loss = loss + s.query_kl_coef * query_kl_term
+        parts.update(query_kl_parts(s, *leaders))
     if ref_response_logprobs is not None:
         real = response_mask.bool()
         current = torch.where(real, response_logprobs, ref_response_logprobs)  # δ = 0 on padding: no inf there
@@ -196,3 +188,58 @@ def rl_loss(
             loss = loss + s.policy_kl_coef * policy_kl
         parts["policy_kl"] = torch.where(real, per_token_kl.detach(), 0.0)
     return loss, parts
+
+
+def query_kl_loss(
+    settings: LossSettings,
+    query_logprobs: torch.Tensor,
+    ref_query_logprobs: torch.Tensor,
+    query_mask: torch.Tensor,
+    normalizers: dict[str, torch.Tensor],
+    constant: float | None = None,
+    rows_per_query: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Query-KL term of the loss (before α), divided by the step's global counts.
+
+    Args:
+        query_logprobs, ref_query_logprobs, query_mask: [Q, L] per-token log-probs of the queries now and under θ0,
+            and 1 on their scored tokens. One row per unique query for `per_query`; for `like_pg`, one row per
+            [prompt; response] row, or one per query with `rows_per_query`.
+        normalizers: global counts as `loss_normalizers` names them (`queries`; `query_tokens` or `sequences`).
+        constant: Dr. GRPO's normaliser, when the PG loss uses `seq_sum_constant`.
+        rows_per_query: [Q] for `like_pg` over unique queries: how many rows of the step share each query (the
+            query's group size), so that each query counts as often as the PG loss sees its prompt.
+    """
+    s = settings
+    tolerance = query_kl_tolerance_for(torch.float32) if s.query_kl_tolerance is None else s.query_kl_tolerance
+    if s.query_kl_aggregation == "per_query":
+        per_query = per_query_kl(
+            query_logprobs, ref_query_logprobs, query_mask, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp,
+            tolerance,
+        )  # fmt: skip
+        return per_query.sum() / normalizers["queries"]
+    if s.query_kl_estimator != "token_k3":
+        raise ValueError("query_kl_aggregation 'like_pg' aggregates per-token values: it needs estimator token_k3")
+    tokens = query_kl_tokens(query_logprobs, ref_query_logprobs, query_mask, s.kl_clamp_mode, s.kl_clamp, tolerance)
+    if rows_per_query is not None:
+        tokens = tokens * rows_per_query.to(tokens.dtype).unsqueeze(-1)
+    token_mode = s.loss_aggregation == "token_mean"
+    normalizer = normalizers["query_tokens"] if token_mode else normalizers["sequences"]
+    return aggregate(tokens, query_mask, s.loss_aggregation, None, constant, normalizer)
+
+
+@torch.no_grad()
+def query_kl_parts(
+    settings: LossSettings, query_logprobs: torch.Tensor, ref_query_logprobs: torch.Tensor, query_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """What the step logs of its unique queries ([Q, L] each), without the tolerance: `query_kl` ([Q] the run's
+    estimator), `query_kl_token_k3` ([Q] token_k3 with the released ±10 value clamp: a common yardstick) and
+    `query_loglik_change` ([Q] ℓθ(q) − ℓθ0(q): positive when the query became more likely)."""
+    s, leaders = settings, (query_logprobs, ref_query_logprobs, query_mask)
+    return {
+        "query_kl": per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp),
+        "query_kl_token_k3": per_query_kl(*leaders, "token_k3", "value", DEFAULT_KL_CLAMP),
+        "query_loglik_change": torch.where(
+            query_mask.bool(), query_logprobs - ref_query_logprobs.to(query_logprobs), 0.0
+        ).sum(-1),
+    }

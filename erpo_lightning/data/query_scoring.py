@@ -1,0 +1,80 @@
+"""Scoring queries alone, in one fixed layout, so the training step reproduces the θ0 cache bit for bit.
+
+A forward's rounding depends on the shape it runs at: the same query scored inside a wider row (its prompt followed
+by a response) or in a batch of another size gets log-probs a few ulps apart in float32 and up to 0.6 nats apart in
+bfloat16 (docs/erpo.md, "Query-KL at θ0"). Query-KL compares the step's scores with the cached ones, so that gap
+would be drift the regulariser pulls against. The cache build and the step therefore score queries the same way:
+blocks of exactly `rows` queries (short blocks filled with padding rows), each query right-padded to its length
+rounded up to `width_multiple` tokens. Equal shapes run the same kernels, and under causal attention a real token
+never sees the padding after it nor another row, so a query's scores do not depend on which rows share its block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from erpo_lightning.logprobs import sequence_logprobs
+
+
+@dataclass(frozen=True)
+class QueryScoringLayout:
+    """The shape every query-scoring forward runs at (the cache build's and the training step's).
+
+    Attributes:
+        rows: queries per forward; a block with fewer is filled with padding rows to this many.
+        width_multiple: a query of L tokens is right-padded to L rounded up to a multiple of this (tokens).
+    """
+
+    rows: int = 8
+    width_multiple: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "width_multiple"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"the query scoring layout's {name} must be an integer >= 1, got {value!r}")
+
+    def width(self, length: int) -> int:
+        """The padded width (tokens) of a query of `length` tokens."""
+        return -(-length // self.width_multiple) * self.width_multiple
+
+    def blocks(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Positions into `lengths` grouped by padded width (first seen first, order kept within a width), cut into
+        blocks of at most `rows`."""
+        by_width: dict[int, list[int]] = {}
+        for position, length in enumerate(lengths):
+            by_width.setdefault(self.width(length), []).append(position)
+        rows = self.rows
+        return [group[start : start + rows] for group in by_width.values() for start in range(0, len(group), rows)]
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def score_block(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: QueryScoringLayout
+) -> list[torch.Tensor]:
+    """Per-token log-probs of up to `layout.rows` queries of one padded width, in the layout's shape.
+
+    Differentiable when called with grad enabled (the training step); the cache build calls it under no_grad.
+
+    Args:
+        prompts: token ids of each query; all must share one `layout.width`.
+    Returns:
+        One [L_q] float32 tensor per query on the model's device (column t = log p(token t | tokens < t); column 0
+        has no context and is whatever the forward gives: callers ignore it).
+    """
+    widths = {layout.width(len(ids)) for ids in prompts}
+    if len(widths) != 1 or not 1 <= len(prompts) <= layout.rows:
+        raise ValueError(f"a scoring block holds 1 to {layout.rows} queries of one padded width, got widths {widths}")
+    device = next(model.parameters()).device
+    input_ids = torch.zeros(layout.rows, widths.pop(), dtype=torch.long)  # padding rows and columns: token 0
+    for row, ids in enumerate(prompts):
+        input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    input_ids = input_ids.to(device)
+    # An all-ones mask: padding sits after every real token, so causal attention keeps it out of every real score.
+    token_logprobs = sequence_logprobs(model, input_ids, torch.ones_like(input_ids)).float()
+    return [token_logprobs[row, : len(ids)] for row, ids in enumerate(prompts)]
