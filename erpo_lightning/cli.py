@@ -47,12 +47,13 @@ from jsonargparse import Namespace  # noqa: E402
 from jsonargparse._common import debug_mode_active  # noqa: E402
 from lightning.fabric.plugins import CheckpointIO  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
-from lightning.pytorch.callbacks import ProgressBar, RichProgressBar  # noqa: E402
+from lightning.pytorch.callbacks import ProgressBar  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
 from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
+from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, stderr_is_terminal  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback  # noqa: E402
 from erpo_lightning.checkpointing import (  # noqa: E402
@@ -76,7 +77,7 @@ from erpo_lightning.errors import (  # noqa: E402
 )
 from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
-from erpo_lightning.modules.erpo_module import ERPOModule, check_module_settings  # noqa: E402
+from erpo_lightning.modules.erpo_module import ERPOModule, check_module_settings, check_trainer_precision  # noqa: E402
 from erpo_lightning.objectives import check_group_size  # noqa: E402
 from erpo_lightning.resume_config import RunConfigRecorder, check_checkpoint_model, check_resume_config  # noqa: E402
 from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402
@@ -107,23 +108,14 @@ class ERPOArgumentParser(LightningArgumentParser):
         raise SettingsError(parser_unknown_key_line(message) or parser_error_line(message))
 
 
-class ERPOProgressBar(RichProgressBar):
-    """Lightning's rich progress bar, without the "Epoch 4/-2" label of runs bounded by `max_steps` only."""
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        description = f"Epoch {current_epoch}"
-        if self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
-            description += f"/{self.trainer.max_epochs - 1}"
-        return f"{description:{len(self.validation_description)}}"
-
-
 class ERPOTrainer(Trainer):
     """Lightning's Trainer plus the `cache` subcommand; `validate` is the temperature sweep.
 
     `use_distributed_sampler` defaults to False: the datamodule's `QueryBatchSampler` already gives each rank its
     share of every global batch, and resumes mid-epoch. Checkpoint files are written atomically
     (`AtomicCheckpointIO`) unless `plugins` or the strategy bring their own CheckpointIO, SIGTERM / SIGUSR1 save the
-    last finished step and stop the run (`PreemptionCheckpoint`), and the default progress bar is `ERPOProgressBar`.
+    last finished step and stop the run (`PreemptionCheckpoint`), and the default progress bar is `ERPOProgressBar`
+    on a terminal, `ProgressLines` (a plain line every N steps) when stderr is a file or a pipe.
     """
 
     def __init__(self, *args, use_distributed_sampler: bool = False, **kwargs) -> None:
@@ -136,9 +128,10 @@ class ERPOTrainer(Trainer):
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
             callbacks.append(PreemptionCheckpoint())
-        if kwargs.get("enable_progress_bar") is not False and _RICH_AVAILABLE:
-            if not any(isinstance(c, ProgressBar) for c in callbacks):
-                callbacks.append(ERPOProgressBar())
+        if kwargs.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            # A bar redrawn with carriage returns is unreadable in a log file: plain lines there.
+            terminal = stderr_is_terminal() and _RICH_AVAILABLE
+            callbacks.append(ERPOProgressBar() if terminal else ProgressLines())
         kwargs.update(plugins=plugins, callbacks=callbacks)
         super().__init__(*args, use_distributed_sampler=use_distributed_sampler, **kwargs)
 
@@ -369,6 +362,7 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         # The module's fields, the optimizer's and nan_policy's, then the algorithm's (e.g. query_weight_source
         # 'current' with query_weight_norm 'dataset').
         check_module_settings(model.as_dict())
+        check_trainer_precision(config.trainer.get("precision"))
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
         if subcommand == "fit":  # what RolloutCallback.setup checks against the module's algorithm
             check_group_size(algorithm.advantage_estimator, config.rollout.group_size)

@@ -377,3 +377,16 @@ def test_groups_of_one_for_a_group_estimator_fail_at_setup_before_the_model_load
     with pytest.raises(ValueError, match="rollout.group_size must be >= 2 with the 'rloo' advantage estimator"):
         trainer.fit(module, datamodule=datamodule)
     assert module.policy is None  # no model loaded, nothing generated
+
+
+def test_the_compute_dtype_has_one_owner_and_lightning_precision_cannot_go_around_it(setup):
+    """Issue 38 item 5. Without FSDP2 `fsdp_mixed_precision` changes nothing: the policy computes in `dtype`, so the
+    shared forward's default tolerance is float32's (it took bfloat16's 0.1 before), as the data module's reference
+    dtype is. And a Lightning precision plugin is refused, naming the module's settings."""
+    path, reference, batch, _ = setup
+    module = make_module(path, reference, fsdp_mixed_precision="bfloat16", query_kl_scoring="shared_forward")
+    fit_one_batch(module, batch)
+    assert module.algorithm.query_kl_tolerance == obj.query_kl_tolerance_for(torch.float32) == 1e-3
+    for precision in ("16-true", "bf16-mixed", "bf16-true"):  # (on CPU Lightning turns 16-mixed into bf16-mixed)
+        with pytest.raises(ValueError, match=rf"trainer.precision '{precision}' is not used: .* model.dtype"):
+            fit_one_batch(make_module(path, reference), batch, precision=precision)

@@ -98,6 +98,9 @@ def fails_in_one_line(capsys, *args) -> str:
             "model.fsdp_mixed_precision must be float32, bfloat16 or null (float16 is not supported",
         ),
         (["--model.weight_decay", "-0.1"], "model.weight_decay must be >= 0 (or null), got -0.1"),
+        # Issue 38 item 5: Lightning's precision plugins went around the module's dtypes and the float16 refusal.
+        (["--trainer.precision", "16-mixed"], "trainer.precision '16-mixed' is not used: the policy's dtype is set"),
+        (["--trainer.precision", "bf16-true"], "(set model.dtype: bfloat16 (or, under FSDP2, model.fsdp_mixed_"),
         (["--model.loss_constant", "0"], "model.loss_constant must be > 0 (or null), got 0.0"),
         (["--model.max_consecutive_skips", "0"], "model.max_consecutive_skips must be >= 1, got 0"),
     ],
@@ -431,7 +434,8 @@ def test_atomic_checkpoint_io_replaces_whole_files_and_clears_orphans(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # the orphan of a dead process is gone
 
 
-def test_trainer_defaults_progress_label_and_quiet_warnings(tmp_path):
+def test_trainer_defaults_progress_label_and_quiet_warnings(tmp_path, monkeypatch):
+    monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: True)  # the bar of a terminal
     trainer = ERPOTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     bar = trainer.progress_bar_callback

@@ -68,6 +68,25 @@ _SETTING_RULES: tuple[Rule, ...] = (
 )
 
 
+def check_trainer_precision(precision: object) -> None:
+    """ValueError unless Lightning's `trainer.precision` is left at full precision (None, 32, "32", "32-true").
+
+    The policy's dtypes have one owner, this module (`model.dtype`, and `model.fsdp_mixed_precision` under FSDP2),
+    which the reference cache follows; a Lightning precision plugin would cast or autocast behind it (and
+    `16-mixed` would bypass the float16 refusal).
+    """
+    if precision in (None, 32, "32", "32-true"):
+        return
+    hint = "float16 is refused (model.dtype)" if "16" in str(precision) and "bf16" not in str(precision) else (
+        "set model.dtype: bfloat16 (or, under FSDP2, model.fsdp_mixed_precision: bfloat16)"
+    )  # fmt: skip
+    raise ValueError(
+        f"trainer.precision {precision!r} is not used: the policy's dtype is set by model.dtype and its compute dtype "
+        f"under FSDP2 by model.fsdp_mixed_precision, which the reference cache follows; leave trainer.precision "
+        f"unset ({hint})"
+    )
+
+
 def check_module_settings(settings: Mapping[str, Any]) -> None:
     """ValueError naming the first `model.` setting outside its allowed range (`model.<field> must be ...`).
 
@@ -216,6 +235,7 @@ class ERPOModule(L.LightningModule):
                     shard_causal_lm(model, mesh, self.hparams.fsdp_mixed_precision)
 
     def setup(self, stage: str) -> None:
+        check_trainer_precision(self.trainer.precision)
         if self.algorithm.query_kl_tolerance is None:  # shared_forward: the noise floor of the compute dtype
             compute_dtype = getattr(torch, policy_compute_dtype(self, self.trainer.strategy) or "float32")
             self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(compute_dtype))
