@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from erpo_lightning.callbacks.progress import phase
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.logprobs import response_logprobs
@@ -181,7 +182,12 @@ class RolloutCallback(pl.Callback):
         """
         if isinstance(trainer.datamodule, QueryDataModule):
             declare_context(self.sampler.engine, trainer.datamodule.max_prompt_length + self.settings.max_new_tokens)
-        self.sampler.setup(pl_module.policy)
+        engine = type(self.sampler.engine).__name__
+        with phase(
+            f"rollout engine start-up ({engine})",
+            f"{self.settings.n} samples per query, up to {self.settings.max_new_tokens} new tokens",
+        ):
+            self.sampler.setup(pl_module.policy)
         self._synced_version = None
         self._rank = trainer.global_rank
 

@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from erpo_lightning.callbacks.progress import phase
 from erpo_lightning.data.prepare import PreparedQueries, PromptFormat
 from erpo_lightning.evaluation.overlap import overlap_warnings
 from erpo_lightning.evaluation.sweep import PreparedBenchmark, Sweep, SweepConfig
@@ -133,7 +134,8 @@ class TemperatureSweepCallback(pl.Callback):
         """One sweep of the current policy on every rank's share of the problems; the global metrics."""
         if self.runner.benchmarks is None:
             self.runner.prepare(self._training_sample())
-        result = self.runner.run(pl_module.policy, trainer.global_rank, trainer.world_size, pl_module.device)
+        with phase(f"temperature sweep at step {trainer.global_step}", sweep_size(self.runner.benchmarks, self.sweep)):
+            result = self.runner.run(pl_module.policy, trainer.global_rank, trainer.world_size, pl_module.device)
         values = result.values
         if self.train_sample_size > 0:
             groups = [temperature_label(t) for t in self.sweep.temperatures] + list(
@@ -215,3 +217,11 @@ def print_sweep_summary(
             "query_kl": query_kl,
         }
         (Path(log_dir) / "sweep_summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def sweep_size(benchmarks: list[PreparedBenchmark], sweep: SweepConfig) -> str:
+    """What one sweep generates, for its start line: problems x temperatures x samples per problem."""
+    problems = sum(len(b.prompt_ids) for b in benchmarks)
+    samples = sum(len(b.prompt_ids) * b.k for b in benchmarks) * len(sweep.temperatures)
+    temperatures = len(sweep.temperatures)
+    return f"{problems} problems in {len(benchmarks)} benchmark(s) x {temperatures} temperature(s): {samples} samples"

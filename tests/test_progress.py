@@ -1,0 +1,72 @@
+"""Progress a batch job's log can read: plain lines when stderr is not a terminal, the numbers on a terminal's bar."""
+
+import re
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from fit_configs import fit_config, run_erpo, write_config
+
+from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, format_duration, headline_values
+from erpo_lightning.cli import ERPOTrainer
+from erpo_lightning.toy import SHIPPED_DIR
+
+PROGRESS_LINE = re.compile(r"^\[erpo\] step (\d+)/12 \| reward [0-9.]+ \| accuracy [0-9.]+% \| query_kl \S.*eta", re.M)
+
+
+def test_redirected_toy_run_prints_progress_lines_and_phases(tmp_path):
+    """12 steps of the shipped toy model with stderr a pipe (as under SLURM or nohup): a line at the first step, every
+    5th and the last, each with the step, reward, accuracy, Query-KL and ETA; the engine start-up has a start and
+    an end."""
+    train = [{"path": str(SHIPPED_DIR / "train.jsonl"), "limit": 64}]
+    config = fit_config(
+        SHIPPED_DIR,
+        train,
+        tmp_path,
+        trainer={"max_steps": 12, "log_every_n_steps": 5, "enable_checkpointing": False},
+        data={"max_prompt_length": 64},
+    )
+    result = run_erpo("fit", "--config", str(write_config(tmp_path / "fit.yaml", config)), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [int(step) for step in PROGRESS_LINE.findall(result.stderr)]
+    assert steps == [1, 5, 10, 12], result.stderr[-3000:]
+    started = "[erpo] rollout engine start-up (HFEngine): started (2 samples per query, up to 6 new tokens)"
+    assert started in result.stderr
+    assert re.search(r"\[erpo\] rollout engine start-up \(HFEngine\): done in \d+s", result.stderr)
+    assert "\r" not in result.stderr  # no bar redrawn in place
+
+
+def test_headline_values_format_the_logged_metrics():
+    metrics = {
+        "rollout/reward_mean": torch.tensor(0.5),
+        "rollout/accuracy": torch.tensor(0.25),
+        "train/query_kl": torch.tensor(0.00123),
+        "rollout/tokens_per_s": 345.4,
+        "train/loss": torch.tensor(1.0),
+    }
+    assert headline_values(metrics) == {
+        "reward": "0.500",
+        "accuracy": "25.0%",
+        "query_kl": "0.00123",
+        "tokens/s": "345",
+    }
+    assert headline_values({"train/query_kl": float("nan")}) == {"query_kl": "nan"}
+    assert [format_duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
+
+
+def test_terminal_bar_shows_the_headline_numbers(tmp_path, monkeypatch):
+    monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: True)
+    trainer = ERPOTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
+    bar = trainer.progress_bar_callback
+    assert isinstance(bar, ERPOProgressBar)
+    trainer.callback_metrics.update({"rollout/reward_mean": torch.tensor(0.75), "train/query_kl": torch.tensor(0.01)})
+    shown = bar.get_metrics(trainer, pl.LightningModule())
+    assert shown["reward"] == "0.750" and shown["query_kl"] == "0.01"
+
+
+def test_log_file_gets_progress_lines_and_rejects_a_bad_interval(tmp_path, monkeypatch):
+    monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: False)
+    trainer = ERPOTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
+    assert isinstance(trainer.progress_bar_callback, ProgressLines)
+    with pytest.raises(ValueError, match="ProgressLines every_n_steps must be >= 1"):
+        ProgressLines(every_n_steps=0)
