@@ -1,6 +1,7 @@
 """The README is a front door whose code runs as written, and the README and docs/ quote only what their files hold."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
-PAGES = [README, *sorted(DOCS.glob("*.md"))]
+TOY_STUDY, REAL_MODEL_STUDY = REPO / "studies" / "toy", REPO / "studies" / "real_model"
+PAGES = [README, *sorted(DOCS.glob("*.md")), *sorted((REPO / "studies").rglob("*.md"))]
 MAX_README_LINES = 150
 
 
@@ -79,9 +81,14 @@ def test_quickstart_figures_keep_their_caveat(page):
         assert "predate" in text and "Query-KL tolerance" in text and "not been rerun" in text, page.name
 
 
-def check_quoted_claims(text: str, minimum: int, claims_file: str = "toy_study_claims.json") -> None:
+def docs_link(path: Path) -> str:
+    """The markdown link target of `path` as a page in docs/ writes it: `](<relative path>)`."""
+    return f"]({os.path.relpath(path, DOCS)})"
+
+
+def check_quoted_claims(text: str, minimum: int, claims_file: Path = TOY_STUDY / "toy_study_claims.json") -> None:
     """Claims of a study quoted in `text` in the report's words carry their shipped k of n seeds and median."""
-    claims = json.loads((DOCS / claims_file).read_text())["claims"]
+    claims = json.loads(claims_file.read_text())["claims"]
     items = [" ".join(item.split()) for item in re.split(r"\n(?=- )|\n\n", text)]  # bullets, paragraphs
     quoted = [claim for claim in claims if any(claim["text"] in item for item in items)]
     assert len(quoted) >= minimum, "the text should state the study's claims in the report's words"
@@ -99,27 +106,36 @@ def bullet_linking(text: str, target: str) -> str:
 
 
 def test_toy_study_claims_in_the_readme_are_the_shipped_claims():
-    bullet = bullet_linking(section(README, "## What ERPO does, measured"), "docs/toy_study.md")
+    bullet = bullet_linking(section(README, "## What ERPO does, measured"), "studies/toy/toy_study.md")
     assert "](docs/results.md)" in bullet
     check_quoted_claims(bullet, minimum=2)
 
 
 def test_real_model_study_claims_in_the_readme_and_results_page_are_the_reports():
-    bullet = bullet_linking(section(README, "## What ERPO does, measured"), "docs/real_model_study.md")
-    check_quoted_claims(bullet, minimum=2, claims_file="real_model_study_claims.json")
+    bullet = bullet_linking(section(README, "## What ERPO does, measured"), "studies/real_model/real_model_study.md")
+    check_quoted_claims(bullet, minimum=2, claims_file=REAL_MODEL_STUDY / "real_model_study_claims.json")
     results = DOCS / "results.md"
     heading = next(line for line in results.read_text().splitlines() if line.startswith("## On a real model"))
     text = section(results, heading)
-    assert "](real_model_study.md)" in text and "](real_model_study_plan.md)" in text
-    check_quoted_claims(text, minimum=2, claims_file="real_model_study_claims.json")
+    assert all(docs_link(REAL_MODEL_STUDY / name) in text for name in ("real_model_study.md", "plan.md"))
+    check_quoted_claims(text, minimum=2, claims_file=REAL_MODEL_STUDY / "real_model_study_claims.json")
 
 
 def test_toy_study_claims_in_the_results_page_are_the_shipped_claims():
     text = section(DOCS / "results.md", "## The toy study")
-    report = (DOCS / "toy_study.md").read_text()
-    assert "](toy_study.md)" in text
+    report = (TOY_STUDY / "toy_study.md").read_text()
+    assert docs_link(TOY_STUDY / "toy_study.md") in text
     check_quoted_claims(text, minimum=4)
     figures = re.findall(r"\d[\d.]* ± [\d.]+", text)
     assert not [figure for figure in figures if figure not in report], "results.md quotes numbers the report lacks"
     minutes = re.search(r"\(([\d.]+) min on 2 CPU cores", text).group(1)
     assert f"time: {minutes} min" in report
+
+
+def test_the_results_page_links_each_studys_report():
+    """Each study's folder (studies/<name>/) holds its report `<name>_study.md`; docs/results.md links every one."""
+    reports = sorted((REPO / "studies").glob("*/*_study.md"))
+    assert {report.parent.name for report in reports} >= {"toy", "real_model"}
+    text = (DOCS / "results.md").read_text()
+    missing = [report for report in reports if docs_link(report) not in text]
+    assert missing == [], f"docs/results.md does not link {missing}"

@@ -15,7 +15,7 @@ import pytest
 from erpo_lightning.data.sources import BENCHMARK_DIR, REGISTRY, DataError, load_queries
 
 REPO = Path(__file__).resolve().parents[1]
-CODE_DIRS = ("erpo_lightning", "tests", "bench", "experiments")
+CODE_DIRS = ("erpo_lightning", "tests", "bench", "studies")
 
 
 def _python_files() -> list[Path]:
@@ -61,6 +61,29 @@ def test_no_code_reads_a_path_outside_the_repository():
             if re.search(r"""["'][^"']*(\.\./|/shared/)""", line) and "test_repository.py" not in str(path):
                 offenders.append(f"{path.relative_to(REPO)}:{lineno}: {line.strip()}")
     assert offenders == [], "code reaching outside the repository:\n" + "\n".join(offenders)
+
+
+def test_no_code_edits_the_import_path():
+    """Studies run as `python -m studies.<name>` and tests import them through pytest's `pythonpath`: nothing puts a
+    folder on `sys.path` itself."""
+    edits = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*(\+=|=)|site\.addsitedir")
+    offenders = [f"{path.relative_to(REPO)}:{lineno}: {line.strip()}" for path in _python_files()
+                 for lineno, line in enumerate(path.read_text().splitlines(), start=1)
+                 if edits.search(line) and path.name != "test_repository.py"]  # fmt: skip
+    assert offenders == [], "code editing sys.path:\n" + "\n".join(offenders)
+
+
+def _tracked(folder: str) -> list[str]:
+    done = subprocess.run(["git", "-C", str(REPO), "ls-files", folder], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def test_docs_tracks_user_pages_only():
+    """Study plans, reports, claims, figures and runs live in studies/<name>/; docs/ holds the user pages."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    others = [name for name in _tracked("docs") if not re.fullmatch(r"docs/[a-z_]+\.md", name)]
+    assert others == [], f"docs/ tracks files other than its pages: {others[:10]}"
 
 
 def test_the_path_scan_would_catch_an_escape(tmp_path):
@@ -121,5 +144,7 @@ def test_the_wheel_carries_the_package_data(tmp_path):
     if shipped_toy.is_dir():
         wanted |= {f"erpo_lightning/toy/shipped/{p.name}" for p in shipped_toy.iterdir() if p.is_file()}
     assert wanted <= names, sorted(wanted - names)
+    research = sorted(name for name in names if name.split("/")[0] in ("studies", "tests", "bench", "experiments"))
+    assert research == [], f"the wheel ships research or test files: {research[:10]}"
     metadata = next(n for n in names if n.endswith("METADATA"))
     assert "erpo-lightning" in zipfile.ZipFile(wheel).read(metadata).decode()

@@ -1,1 +1,0 @@
-"""Seeded task generators beyond the toy (erpo_lightning.toy): see `arithmetic`."""

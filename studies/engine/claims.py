@@ -1,0 +1,279 @@
+"""A study's claims, stated so that a rerun can confirm them: paired per seed, with the verdict rule part of the claim.
+
+Seed s of every arm starts from the same model, data order and rollout seeds, so each claim compares an arm (its
+`method`) with its baseline *within* a seed: a ratio for KLs (which span orders of magnitude between seeds), a
+difference in points for accuracies. A claim holds in a seed when that paired value is on the claimed side of its
+bound. Seeds are paired by number: a seed one of the two arms did not run is left out.
+
+Verdict rules (`Claim.rule`):
+- `KOfN` (the toy study's): with n seeds, k of which hold, `holds` when k ≥ ⌈0.8 n⌉, `fails` when k ≤ ⌊0.2 n⌋ (the
+  opposite holds in nearly every seed), `mixed` otherwise.
+- `MeanMargin` (a pre-registered rule): the margin of a seed is how far its paired value is on the claimed side of
+  the bound. `confirmed` when every seed's margin is positive and their mean is at least `confirm_mean`; `refuted`
+  when the mean is at most `refute_mean` and no seed's margin exceeds `refute_seed`; `inconclusive` otherwise.
+Every rule gives `n/a` when an arm or metric is missing, and `undefined` when both arms ran but no seed's paired value
+is a number (a ratio against a baseline of 0: an arm that never moved from θ0). A seed whose paired value is not a
+number counts in neither k nor n; the result lists it in `undefined_seeds`. Gates (`Claim.gates`) are checked first:
+a claim whose gate fails gets the gate's verdict (`invalid` for a study's validity gate, `untestable` for a claim's
+testability gate).
+
+A rerun confirms a claim the study found firm (`holds` / `confirmed`: it held; `fails` / `refuted`: it did not) when
+it agrees in more than half of the rerun's seeds; other verdicts are not checked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+
+Check = Literal["held", "not held", "not checked"]
+# A firm verdict -> whether the claim held in the study (what a rerun's majority of seeds must agree with).
+FIRM: dict[str, bool] = {"holds": True, "confirmed": True, "fails": False, "refuted": False}
+
+
+def is_accuracy(quantity: str) -> bool:
+    """Whether a quantity of the per-seed table is an accuracy in [0, 1] (held-out, training or their gap), which
+    claims and gates compare in points."""
+    return quantity.startswith(("T", "gap", "train T"))
+
+
+@dataclass(frozen=True)
+class KOfN:
+    """The claim holds in at least `holds_share` of the seeds (`holds`), in at most `fails_share` (`fails`), or
+    neither (`mixed`)."""
+
+    holds_share: float = 0.8
+    fails_share: float = 0.2
+
+    def verdict(self, margins: np.ndarray) -> str:
+        k, n = int((margins > 0).sum()), int(margins.size)
+        if n == 0:
+            return "n/a"
+        if k >= math.ceil(self.holds_share * n):
+            return "holds"
+        return "fails" if k <= math.floor(self.fails_share * n) else "mixed"
+
+    def extra(self, margins: np.ndarray) -> dict:
+        """Fields this rule adds to a claim's result: none (the toy study's claims file keeps its shape)."""
+        return {}
+
+    def describe(self) -> str:
+        return f"holds in ≥ {self.holds_share:.0%} of seeds, fails in ≤ {self.fails_share:.0%}"
+
+
+@dataclass(frozen=True)
+class MeanMargin:
+    """Confirmed when every seed's margin is positive with a mean ≥ `confirm_mean`; refuted when the mean is
+    ≤ `refute_mean` and no seed's margin exceeds `refute_seed`; inconclusive otherwise (margins in the claim's
+    units: points for accuracies)."""
+
+    confirm_mean: float = 3.0
+    refute_mean: float = 0.0
+    refute_seed: float = 2.0
+
+    def verdict(self, margins: np.ndarray) -> str:
+        if margins.size == 0:
+            return "n/a"
+        if (margins > 0).all() and margins.mean() >= self.confirm_mean:
+            return "confirmed"
+        if margins.mean() <= self.refute_mean and not (margins > self.refute_seed).any():
+            return "refuted"
+        return "inconclusive"
+
+    def extra(self, margins: np.ndarray) -> dict:
+        """The mean margin (what the rule reads), whether the seeds split (some hold, some not: add a seed), and the
+        rule in words."""
+        split = bool(margins.size and (margins > 0).any() and not (margins > 0).all())
+        mean = float(margins.mean()) if margins.size else None
+        return {"rule": self.describe(), "mean_margin": mean, "seeds_split": split}
+
+    def describe(self) -> str:
+        return (
+            f"confirmed if the margin is positive in every seed with a mean ≥ {self.confirm_mean:g}; refuted if the "
+            f"mean is ≤ {self.refute_mean:g} and no seed exceeds {self.refute_seed:g}; else inconclusive"
+        )
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A precondition of a claim, checked in every seed the claim pairs: `quantity` of `arm` (minus its `minus`
+    quantity, when given) lies within [low, high] (points for accuracies; None: no bound). A failed gate gives the
+    claim the verdict `fails_as`."""
+
+    key: str
+    text: str
+    arm: str
+    quantity: str
+    minus: str | None = None
+    low: float | None = None
+    high: float | None = None
+    fails_as: str = "untestable"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One paired comparison: `quantity` of `method` against `baseline`, seed by seed.
+
+    Attributes:
+        key: stable identifier (the compare command matches claims by it).
+        text: the claim as the report states it.
+        quantity: a quantity of the study's per-seed table (`Query-KL`, `Policy-KL`, `T=1.5`, `T>1.0`, `gap`, ...).
+            `Query-KL` is compared on the runs' own estimator when both runs optimise the same one, else on the
+            common estimator.
+        method, baseline: arm labels of the study.
+        paired: `ratio` (method / baseline) or `difference` (method − baseline, in points for accuracies).
+        side: the claim holds in a seed when the paired value is `below` (or `above`) `bound`, strictly.
+        bound: the threshold of the paired value.
+        rule: the verdict rule (KOfN or MeanMargin).
+        gates: preconditions (a study's validity gates, the claim's testability gates), checked in order.
+    """
+
+    key: str
+    text: str
+    quantity: str
+    method: str
+    baseline: str
+    paired: Literal["ratio", "difference"]
+    side: Literal["below", "above"]
+    bound: float
+    rule: KOfN | MeanMargin = KOfN()
+    gates: tuple[Gate, ...] = ()
+
+    def record(self) -> dict:
+        """The claim's definition as its result starts (no rule or gates: those add their own fields)."""
+        return {key: value for key, value in asdict(self).items() if key not in ("rule", "gates")}
+
+
+def points(quantity: str) -> float:
+    """The scale of a quantity's paired differences: 100 for accuracies (points), 1 otherwise."""
+    return 100.0 if is_accuracy(quantity) else 1.0
+
+
+def seed_values(table: dict, arm: str, quantity: str, seeds: list[int]) -> np.ndarray:
+    """`quantity` of `arm` in each of `seeds` (table: arm -> quantity -> one value per seed, `seed` the seeds)."""
+    by_seed = dict(zip(table[arm]["seed"], table[arm][quantity], strict=True))
+    return np.asarray([by_seed[seed] for seed in seeds], dtype=float)
+
+
+def common_seeds(table: dict, *arms: str) -> list[int]:
+    """The seeds every one of `arms` ran, in order."""
+    return sorted(set.intersection(*(set(table[arm]["seed"]) for arm in arms)))
+
+
+def check_gate(gate: Gate, table: dict, seeds: list[int]) -> dict:
+    """A gate's per-seed values and whether it passed (False too when its arm or a seed is missing)."""
+    result = {**asdict(gate), "per_seed": [], "passed": False}
+    if gate.arm not in table or not set(seeds) <= set(table[gate.arm]["seed"]) or not seeds:
+        return result
+    values = seed_values(table, gate.arm, gate.quantity, seeds)
+    if gate.minus is not None:
+        values = values - seed_values(table, gate.arm, gate.minus, seeds)
+    values = values * points(gate.quantity)
+    low, high = -math.inf if gate.low is None else gate.low, math.inf if gate.high is None else gate.high
+    inside = np.isfinite(values) & (values >= low) & (values <= high)
+    result.update(per_seed=[float(v) if np.isfinite(v) else None for v in values], passed=bool(inside.all()))
+    return result
+
+
+def quantity_values(table: dict, estimators: dict[str, str], claim: Claim) -> tuple[np.ndarray, np.ndarray, str]:
+    """Per-seed values of the claim's quantity for method and baseline (on the seeds both ran), and the name of the
+    column used.
+
+    Args:
+        table: arm -> quantity -> one value per seed (studies.engine.report.collect).
+        estimators: arm -> the Query-KL estimator its runs optimise.
+    """
+    name = claim.quantity
+    if name == "Query-KL" and estimators.get(claim.method) != estimators.get(claim.baseline):
+        name = "Query-KL (common)"
+    seeds = common_seeds(table, claim.method, claim.baseline)
+    method, baseline = (seed_values(table, arm, name, seeds) for arm in (claim.method, claim.baseline))
+    return method, baseline, name
+
+
+def evaluate(claim: Claim, table: dict, estimators: dict[str, str]) -> dict:
+    """The claim's per-seed paired values, k of n and verdict on one study (a JSON-ready dict)."""
+    result = {**claim.record(), "column": None, "per_seed": [], "k": 0, "n": 0, "median": None, "verdict": "n/a"}
+    if claim.method not in table or claim.baseline not in table:
+        return result
+    method, baseline, result["column"] = quantity_values(table, estimators, claim)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        paired = method / baseline if claim.paired == "ratio" else points(claim.quantity) * (method - baseline)
+    finite = paired[np.isfinite(paired)]
+    margins = finite - claim.bound if claim.side == "above" else claim.bound - finite
+    seeds = common_seeds(table, claim.method, claim.baseline)
+    if not np.isfinite(paired).all():  # only then: the claims files of studies without such seeds keep their shape
+        result["undefined_seeds"] = [seed for seed, value in zip(seeds, paired, strict=True) if not np.isfinite(value)]
+    result.update(
+        per_seed=[float(v) if np.isfinite(v) else None for v in paired],
+        k=int((margins > 0).sum()),
+        n=int(finite.size),
+        median=float(np.median(finite)) if finite.size else None,
+        verdict=claim.rule.verdict(margins) if finite.size or not paired.size else "undefined",
+        **claim.rule.extra(margins),
+    )
+    if claim.gates:
+        result["gates"] = [check_gate(gate, table, seeds) for gate in claim.gates]
+        failed = next((gate for gate in result["gates"] if not gate["passed"]), None)
+        if failed is not None and result["verdict"] not in ("n/a", "undefined"):
+            result["verdict"] = failed["fails_as"]
+    return result
+
+
+def evaluate_all(table: dict, estimators: dict[str, str], claims: tuple[Claim, ...]) -> list[dict]:
+    """`evaluate` for every claim, in order."""
+    return [evaluate(claim, table, estimators) for claim in claims]
+
+
+def confirm(shipped: dict, rerun: dict | None) -> Check:
+    """Whether a rerun's result on a claim confirms the shipped study's verdict (module docstring)."""
+    if shipped["verdict"] not in FIRM or rerun is None or rerun["n"] == 0:
+        return "not checked"
+    majority = rerun["k"] > rerun["n"] / 2 if FIRM[shipped["verdict"]] else rerun["k"] < rerun["n"] / 2
+    return "held" if majority else "not held"
+
+
+def describe(result: dict) -> str:
+    """One line for the report: verdict, k of n, the per-seed paired values and their median (and, for the
+    pre-registered rule, the mean margin, the gates' values and whether the seeds split)."""
+    if result["verdict"] == "n/a":
+        return f"- **n/a**: {result['text']} (`{result['method']}` or `{result['baseline']}` not run, or not logged)"
+    unit = "ratio" if result["paired"] == "ratio" else "difference (points)"
+    if result["verdict"] == "undefined":
+        return (
+            f"- **undefined**: {result['text']}. The {unit} {result['method']} vs {result['baseline']} "
+            f"({result['column']}) is not a number in any seed (seeds {undefined_seeds(result)}: "
+            f"{undefined_cause(result)}), so no seed can decide it."
+        )
+    values = " / ".join("n/a" if v is None else f"{v:.3g}" for v in result["per_seed"])
+    bound = f"{'<' if result['side'] == 'below' else '>'} {result['bound']:g}"
+    line = (
+        f"- **{result['verdict']}** ({result['k']} of {result['n']} seeds): {result['text']}. Per-seed {unit} "
+        f"{result['method']} vs {result['baseline']} ({result['column']}): {values}; median {result['median']:.3g}; "
+        f"the claim needs {bound}."
+    )
+    if "rule" in result:
+        line += f" Mean margin {result['mean_margin']:.3g}; rule: {result['rule']}."
+    for gate in result.get("gates", []):
+        gate_values = " / ".join("n/a" if v is None else f"{v:.3g}" for v in gate["per_seed"]) or "not run"
+        line += f" Gate `{gate['key']}` ({gate['text']}): {gate_values}, {'passed' if gate['passed'] else 'FAILED'}."
+    if result.get("undefined_seeds"):
+        line += f" Left out as not a number: seeds {undefined_seeds(result)} ({undefined_cause(result)})."
+    if result.get("seeds_split"):
+        line += " The seeds split: the margin is positive in some seeds and not in others."
+    return line
+
+
+def undefined_seeds(result: dict) -> str:
+    """The seeds whose paired value is not a number, as `0, 3`."""
+    return ", ".join(str(seed) for seed in result["undefined_seeds"])
+
+
+def undefined_cause(result: dict) -> str:
+    """Why a seed's paired value is not a number, in words."""
+    if result["paired"] == "ratio":
+        return f"{result['baseline']}'s value is 0 or missing there, and a ratio against 0 is undefined"
+    return "a value is missing there"

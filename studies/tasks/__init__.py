@@ -1,0 +1,1 @@
+"""Seeded task generators beyond the toy (erpo_lightning.toy), for the studies: see `arithmetic`."""
