@@ -1,4 +1,5 @@
-"""`erpo`: the command line (a LightningCLI), with the subcommands fit, validate and cache.
+"""`erpo`: the command line (a LightningCLI), with the subcommands fit, validate and cache, plus `erpo export`
+(`erpo_lightning.export`: a checkpoint as a Hugging Face folder).
 
     erpo fit --config configs/quickstart.yaml
     erpo cache --config configs/erpo_qwen2.5_math_7b.yaml      # compute the reference score cache only
@@ -445,6 +446,11 @@ def check_model_path(model_path: str, field: str = "model.model_path") -> None:
 def main(args: list[str] | None = None) -> None:
     debug, args = debug_requested(list(sys.argv[1:] if args is None else args))
     quiet_known_warnings()
+    if args[:1] == ["export"]:  # a checkpoint to a Hugging Face folder: no trainer, model or data to configure
+        from erpo_lightning.export import main as export
+
+        run_reporting_errors(lambda: export(args[1:]), debug)
+        return
     run_reporting_errors(
         lambda: ERPOCLI(
             ERPOModule,

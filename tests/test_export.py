@@ -1,0 +1,129 @@
+"""`erpo export`: a training checkpoint (a file or an FSDP2 sharded folder) as a Hugging Face folder holding the
+trained weights, which transformers and vLLM load."""
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from fit_configs import fit_config, run_erpo, write_config
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from erpo_lightning.errors import SettingsError
+from erpo_lightning.export import export_checkpoint
+from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.toy import SHIPPED_DIR
+
+PROBE = "Compute 7 + 8 - 5.\n"
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory) -> Path:
+    """The checkpoint of a 2-step `erpo fit` of the shipped toy model, its policy weights then moved by a fixed
+    amount: the export must carry the checkpoint's weights, whatever those two sampled steps did to them."""
+    root = tmp_path_factory.mktemp("export_run")
+    train = [{"path": str(SHIPPED_DIR / "train.jsonl"), "limit": 16}]
+    config = fit_config(SHIPPED_DIR, train, root, data={"max_prompt_length": 64})
+    result = run_erpo("fit", "--config", str(write_config(root / "fit.yaml", config)), cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = (root / "checkpoints").glob("*.ckpt")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    generator = torch.Generator().manual_seed(0)
+    for name, value in checkpoint["state_dict"].items():
+        if name.startswith("policy.") and value.is_floating_point():
+            value.add_(0.05 * torch.randn(value.shape, generator=generator, dtype=value.dtype))
+    torch.save(checkpoint, path)
+    return path
+
+
+def checkpoint_policy(ckpt_path: Path) -> torch.nn.Module:
+    """The trained policy as the run holds it: the initial model with the checkpoint's `policy.*` weights."""
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32)
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+    model.load_state_dict({k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")})
+    return model.eval()
+
+
+def probe_logits(model: torch.nn.Module) -> torch.Tensor:
+    ids = AutoTokenizer.from_pretrained(SHIPPED_DIR)(PROBE, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def sharded_copy(ckpt_path: Path, folder: Path) -> Path:
+    """`ckpt_path` rewritten as ModelParallelStrategy writes it: the state dict as a torch.distributed.checkpoint
+    folder, everything else in its `meta.pt`."""
+    from torch.distributed.checkpoint import save
+
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        save({"state_dict": checkpoint.pop("state_dict")}, checkpoint_id=str(folder), no_dist=True)
+    torch.save(checkpoint, folder / "meta.pt")
+    return folder
+
+
+def test_cli_export_loads_in_transformers_with_the_trained_weights(trained_checkpoint, tmp_path):
+    out = tmp_path / "hf"
+    result = run_erpo("export", "--ckpt_path", str(trained_checkpoint), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    exported = probe_logits(AutoModelForCausalLM.from_pretrained(out).eval())
+    assert torch.equal(exported, probe_logits(checkpoint_policy(trained_checkpoint)))
+    base = probe_logits(AutoModelForCausalLM.from_pretrained(SHIPPED_DIR).eval())
+    assert not torch.allclose(exported, base)  # not the initial model's weights
+    assert (
+        AutoTokenizer.from_pretrained(out)(PROBE).input_ids
+        == AutoTokenizer.from_pretrained(SHIPPED_DIR)(PROBE).input_ids
+    )
+
+
+def test_sharded_checkpoint_folder_exports_the_same_model(trained_checkpoint, tmp_path):
+    folder = sharded_copy(trained_checkpoint, tmp_path / "sharded.ckpt")
+    out = export_checkpoint(folder, tmp_path / "hf")
+    exported = probe_logits(AutoModelForCausalLM.from_pretrained(out).eval())
+    assert torch.equal(exported, probe_logits(checkpoint_policy(trained_checkpoint)))
+
+
+def test_moved_initial_model_is_named_and_model_path_overrides(trained_checkpoint, tmp_path):
+    checkpoint = torch.load(trained_checkpoint, map_location="cpu", weights_only=True)
+    checkpoint["hyper_parameters"]["model_path"] = str(tmp_path / "gone")
+    moved = tmp_path / "moved.ckpt"
+    torch.save(checkpoint, moved)
+    with pytest.raises(SettingsError, match="cannot be loaded from here.*pass --model_path"):
+        export_checkpoint(moved, tmp_path / "hf")
+    out = export_checkpoint(moved, tmp_path / "hf", model_path=str(SHIPPED_DIR))
+    assert torch.equal(probe_logits(AutoModelForCausalLM.from_pretrained(out)), probe_logits(checkpoint_policy(moved)))
+
+
+def test_missing_checkpoint_is_one_line_error(tmp_path):
+    result = run_erpo("export", "--ckpt_path", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "hf"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "erpo: error: --ckpt_path: no checkpoint at" in result.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_generates_from_the_export_with_its_weights(trained_checkpoint, tmp_path):
+    """vLLM loads the exported folder and samples from the trained weights: its log-probs of the sampled tokens
+    are the exported model's (recomputed by transformers) within float32 noise."""
+    from erpo_lightning.rollout.vllm_engine import import_vllm
+
+    out = export_checkpoint(trained_checkpoint, tmp_path / "hf")
+    vllm = import_vllm()
+    llm = vllm.LLM(
+        model=str(out), dtype="float32", max_model_len=128, enforce_eager=True, kv_cache_memory_bytes=64 * 2**20
+    )
+    prompt = AutoTokenizer.from_pretrained(out)(PROBE).input_ids
+    params = vllm.SamplingParams(max_tokens=8, temperature=1.0, seed=0, logprobs=0, ignore_eos=True)
+    (request,) = llm.generate([vllm.TokensPrompt(prompt_token_ids=prompt)], params)
+    sample = request.outputs[0]
+    assert len(sample.token_ids) == 8
+    sampled = torch.tensor([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids, strict=True)])
+    ids = torch.tensor([prompt + list(sample.token_ids)])
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        recomputed = sequence_logprobs(model, ids, torch.ones_like(ids), 1.0)[0, len(prompt) :]
+    assert torch.allclose(recomputed, sampled, atol=1e-3)
