@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 TOY_STUDY, REAL_MODEL_STUDY = REPO / "studies" / "toy", REPO / "studies" / "real_model"
-PAGES = [README, *sorted(DOCS.glob("*.md")), *sorted((REPO / "studies").rglob("*.md"))]
+PAGES = [README, *sorted(DOCS.glob("*.md")), *sorted((REPO / "studies").rglob("*.md")), REPO / "bench" / "README.md"]
 MAX_README_LINES = 150
 
 

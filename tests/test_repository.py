@@ -86,6 +86,13 @@ def test_docs_tracks_user_pages_only():
     assert others == [], f"docs/ tracks files other than its pages: {others[:10]}"
 
 
+def test_the_bench_index_lists_every_script():
+    """bench/README.md names each script in bench/ (what it measures, its command, its last figure)."""
+    index = (REPO / "bench" / "README.md").read_text()
+    scripts = sorted(path.name for path in (REPO / "bench").iterdir() if path.suffix in (".py", ".sh"))
+    assert [name for name in scripts if f"`{name}`" not in index] == []
+
+
 def test_the_path_scan_would_catch_an_escape(tmp_path):
     escape = REPO / "tests" / "x.py"  # not written: the scan works on the parsed text
     tree = ast.parse('DATA = Path(__file__).resolve().parents[2] / "beside_the_clone"\nA = Path(__file__).parent\n')
