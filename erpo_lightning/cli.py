@@ -53,6 +53,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
+from erpo_lightning.callbacks.completions import SampledCompletions  # noqa: E402
 from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
 from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, stderr_is_terminal  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
@@ -115,7 +116,8 @@ class ERPOTrainer(Trainer):
     `use_distributed_sampler` defaults to False: the datamodule's `QueryBatchSampler` already gives each rank its
     share of every global batch, and resumes mid-epoch. Checkpoint files are written atomically
     (`AtomicCheckpointIO`) unless `plugins` or the strategy bring their own CheckpointIO, SIGTERM / SIGUSR1 save the
-    last finished step and stop the run (`PreemptionCheckpoint`), and the default progress bar is `ERPOProgressBar`
+    last finished step and stop the run (`PreemptionCheckpoint`), sampled completions go to the log folder
+    (`SampledCompletions`, unless one is configured), and the default progress bar is `ERPOProgressBar`
     on a terminal, `ProgressLines` (a plain line every N steps) when stderr is a file or a pipe.
     """
 
@@ -129,6 +131,8 @@ class ERPOTrainer(Trainer):
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
             callbacks.append(PreemptionCheckpoint())
+        if not any(isinstance(c, SampledCompletions) for c in callbacks):
+            callbacks.append(SampledCompletions())
         if kwargs.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             # A bar redrawn with carriage returns is unreadable in a log file: plain lines there.
             terminal = stderr_is_terminal() and _RICH_AVAILABLE
