@@ -105,7 +105,6 @@ def quiet_known_warnings() -> None:
 
     - Lightning's advice on ModelCheckpoint under manual optimization: ERPOModule saves after its own optimizer
       steps, so a checkpoint holds the weights, optimizer state and step counter of the same moment.
-    - Lightning's note that TensorBoard is not installed: the CSV logger it falls back to is what we use.
     - torch's deprecation of `LeafSpec`, triggered inside Lightning, not by this project.
     - Lightning's litlogger advertisement (an info log line).
     - vLLM's "RotaryEmbedding: Failed to load weights" at every weight sync: the rotary layer's cos/sin table is
@@ -115,7 +114,6 @@ def quiet_known_warnings() -> None:
     """
     for message, category in (
         (r"Using ModelCheckpoint with manual optimization and every_n_train_steps", UserWarning),
-        (r"Starting from v1\.9\.0, `tensorboardX` has been removed", UserWarning),
         (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     ):
         warnings.filterwarnings("ignore", message=message, category=category)
