@@ -88,10 +88,12 @@ def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module |
     from dataclasses import replace
 
     from erpo_lightning.data.cache import ReferenceLogprobCache
+    from erpo_lightning.data.query_scoring import QueryScoringLayout
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
 
     scorer = module.policy if initial is None else initial
-    cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(scorer, batch.prompt_ids))
+    layout = QueryScoringLayout()  # the cache's layout, which the step's exact Query-KL scores in
+    cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(scorer, batch.prompt_ids, layout), layout)
     module.reference_cache = cache
     rows, table = batch.rollout.query_index, module.algorithm.query_weight_table(cache.nll)
     batch.rollout = replace(

@@ -107,6 +107,7 @@ def run_ours(args, algorithm: str) -> dict:
 
     from erpo_lightning.callbacks.rollout import RolloutCallback
     from erpo_lightning.data.cache import ReferenceLogprobCache
+    from erpo_lightning.data.query_scoring import QueryScoringLayout
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
     from erpo_lightning.rollout import HFEngine, VLLMEngine
@@ -122,7 +123,8 @@ def run_ours(args, algorithm: str) -> dict:
     )  # fmt: skip
     module.configure_model()
     # What `erpo cache` does once before training, with the same function: the initial model's query scores.
-    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, prompt_ids))
+    layout = QueryScoringLayout()  # the cache's layout, which the step's exact Query-KL scores in
+    module.reference_cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(module.policy, prompt_ids), layout)
     nll = module.reference_cache.nll
     weights = module.algorithm.query_weight_table(nll)  # w(q) when static, made once as QueryDataModule does
     batches = []  # what QueryDataModule yields; the RolloutCallback attaches each step's rollout

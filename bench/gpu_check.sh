@@ -6,10 +6,13 @@
 #     Qwen2 of the Qwen2-1.5B shape (built there: nothing is downloaded), bf16, under Lightning's
 #     ModelParallelStrategy (FSDP2 over a 1-GPU mesh), on the same replayed rollout batch (no generation engine).
 #  3. bench/bench_memory.py on CUDA at a 152,064-token vocabulary, float32 and bfloat16, one round.
-#  4. summary: env, step-time ratios, peak GPU memory per algorithm, bench_memory's peaks and times.
+#  4. bench/bench_query_exactness.py: are the training step's query scores the reference cache's to the bit (issue
+#     38 item 3), in float32 and bfloat16, at the 1.5B shape; and the shared forward's gap, for contrast.
+#  5. summary: env, step-time ratios, peak GPU memory per algorithm, bench_memory's peaks and times, exactness.
 # Each part prints one JSON status line ({"part", "rc", "seconds"}, and its log's tail when it failed or ran past its
 # time limit: rc 124), then the summary line. Files, in $OUT (or a temporary folder the summary names): env.json,
-# env.log, bench_step.json, bench_step.log, bench_memory.json, bench_memory.log, summary.json.
+# env.log, bench_step.json, bench_step.log, bench_memory.json, bench_memory.log, query_exactness.json,
+# query_exactness.log, summary.json.
 #
 # Through the device tool (that machine has no network: the wheels it lacks travel in .whl/, git-ignored):
 #   here, once:  bash bench/gpu_wheels.sh
@@ -38,8 +41,10 @@ if [[ $smoke == 1 ]]; then
         --prompt-len 16 --response-len 16)
     memory_args=(--device cpu --dtypes float32 --vocab 4096 --tokens 256 --prompt-len 32 --response-len 96
         --steps 1 --threads 1)
+    exact_limit=0 exact_args=(--device cpu --size tiny --queries 10)
 else
-    mode=gpu env_limit=60 step_limit=270 memory_limit=120 # 7.5 minutes at most
+    mode=gpu env_limit=60 step_limit=270 memory_limit=120 # 7.5 minutes at most, and the exactness check:
+    exact_limit=60 exact_args=(--device cuda --size 1.5b --queries 24)
     step_args=(--device cuda --size 1.5b --dtype bfloat16 --steps 3 --threads 8 --queries 8 --group-size 4
         --prompt-len 256 --response-len 1024 --micro-batch-tokens 16384)
     memory_args=(--device cuda --dtypes float32 bfloat16 --steps 2 --threads 8)
@@ -90,6 +95,7 @@ EOF
 run_part env "$env_limit" -c "$env_probe" "$mode"
 run_part bench_step "$step_limit" bench/bench_step.py --strategy model_parallel --rounds 1 "${step_args[@]}"
 run_part bench_memory "$memory_limit" bench/bench_memory.py --rounds 1 "${memory_args[@]}"
+run_part query_exactness "$exact_limit" bench/bench_query_exactness.py "${exact_args[@]}"
 
 "$python" - "$results" >"$results/summary.json" <<'EOF'
 import json, pathlib, sys
@@ -126,6 +132,9 @@ if memory is not None:
             for dtype, paths in memory["results"].items()
         },
     }
+exactness = read("query_exactness")
+if exactness is not None:
+    summary["query_exactness"] = exactness["results"]
 print(json.dumps(summary))
 EOF
 cat "$results/summary.json"

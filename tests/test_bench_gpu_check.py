@@ -21,8 +21,8 @@ def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_pa
     done = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [line["part"] for line in lines] == ["env", "bench_step", "bench_memory", "summary"]
-    assert all(line["rc"] == 0 for line in lines[:3]), lines[:3]
+    assert [line["part"] for line in lines] == ["env", "bench_step", "bench_memory", "query_exactness", "summary"]
+    assert all(line["rc"] == 0 for line in lines[:4]), lines[:4]
 
     # bench_step's own report: the algorithms each trained sharded (configure_model ran under the strategy's mesh).
     step = json.loads((tmp_path / "bench_step.json").read_text())
@@ -42,4 +42,6 @@ def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_pa
     assert summary["step"]["ratios"] == step["ratios"]
     assert summary["step"]["peak_mib"] == {name: result["peak_mib"] for name, result in step["results"].items()}
     assert set(summary["memory"]["results"]["float32"]) == {"old", "new", "fused"}
+    for dtype in ("float32", "bfloat16"):  # the step's query scores are the cache's to the bit, on any CPU
+        assert summary["query_exactness"][dtype]["step_vs_cache"] == {"max_abs_diff": 0.0, "bit_exact": True}
     assert summary["memory"]["results"]["float32"]["old"]["peak_over_old"] == 1.0

@@ -255,4 +255,7 @@ def compute_reference_logprobs(
     if world_size > 1 and gather is None:
         raise ValueError("world_size > 1 needs a gather callable that collects the shards of all ranks")
     shard = compute_logprob_shard(model, prompts, rank, world_size, chunk_dir, settings, progress, resume)
-    return assemble(gather(shard) if gather else [shard], len(prompts))
+    cache = assemble(gather(shard) if gather else [shard], len(prompts))
+    # A transformers model scored in the layout, which the training step reproduces; vLLM's scores have none.
+    cache.layout = (settings or LogprobBatching()).layout if isinstance(model, torch.nn.Module) else None
+    return cache

@@ -417,6 +417,16 @@ class ERPOModule(L.LightningModule):
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
         step_sums = torch.zeros(2, device=self.device)  # (loss, pg_loss): micro-batches hold shares of the step's
+        query_parts = None
+        if self.hparams.query_kl_scoring == "exact":
+            # First: under FSDP2 a forward without backward (Query-KL not optimised) leaves the root's weights
+            # gathered, and the micro-batches' backward below is what reshards them before the optimizer step.
+            query_term, query_parts = exact_query_kl(
+                self.policy, batch, self.reference_cache, self.algorithm, normalizers,
+                lambda term: self.manual_backward(term * scale), self._trainer, self.device,
+                self.hparams.loss_constant or batch.max_new_tokens,
+            )  # fmt: skip
+            step_sums[0] += query_term
         recorded = []
         for micro, real in self._micro_batches(batch):
             loss, parts = self._micro_loss(micro, normalizers)
@@ -425,14 +435,6 @@ class ERPOModule(L.LightningModule):
             if real:
                 step_sums += torch.stack([loss.detach(), parts["pg_loss"]])
                 recorded.append((micro, parts))
-        query_parts = None
-        if self.hparams.query_kl_scoring == "exact":
-            query_term, query_parts = exact_query_kl(
-                self.policy, batch, self.reference_cache, self.algorithm, normalizers,
-                lambda term: self.manual_backward(term * scale), self._trainer, self.device,
-                self.hparams.loss_constant or batch.max_new_tokens,
-            )  # fmt: skip
-            step_sums[0] += query_term
         step_loss, step_pg_loss = self._global_sum(step_sums)  # the whole step's values, equal on every rank
         where = f"global step {self.global_step} (epoch {self.current_epoch})"
         finite = self.guard.finite("loss", step_loss, where)
