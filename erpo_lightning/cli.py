@@ -1,5 +1,6 @@
 """`erpo`: the command line (a LightningCLI), with the subcommands fit, validate and cache, plus `erpo export`
-(`erpo_lightning.export`: a checkpoint as a Hugging Face folder).
+(`erpo_lightning.export`: a checkpoint as a Hugging Face folder) and `erpo plot` (`erpo_lightning.plot`: a run's
+curves from its metrics.csv).
 
     erpo fit --config configs/quickstart.yaml
     erpo cache --config configs/erpo_qwen2.5_math_7b.yaml      # compute the reference score cache only
@@ -454,6 +455,11 @@ def main(args: list[str] | None = None) -> None:
         from erpo_lightning.export import main as export
 
         run_reporting_errors(lambda: export(args[1:]), debug)
+        return
+    if args[:1] == ["plot"]:  # a run's curves from its metrics.csv
+        from erpo_lightning.plot import main as plot
+
+        run_reporting_errors(lambda: plot(args[1:]), debug)
         return
     run_reporting_errors(
         lambda: ERPOCLI(
