@@ -5,10 +5,12 @@ import re
 import lightning.pytorch as pl
 import pytest
 import torch
-from fit_configs import fit_config, run_erpo, write_config
+from helpers.fit_configs import fit_config, run_erpo, write_config
 
-from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, format_duration, headline_values
+from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, format_duration, headline_values, phase
+from erpo_lightning.callbacks.temperature_sweep import sweep_size
 from erpo_lightning.cli import ERPOTrainer
+from erpo_lightning.evaluation.sweep import PreparedBenchmark, SweepConfig
 from erpo_lightning.toy import SHIPPED_DIR
 
 PROGRESS_LINE = re.compile(r"^\[erpo\] step (\d+)/12 \| reward [0-9.]+ \| accuracy [0-9.]+% \| query_kl \S.*eta", re.M)
@@ -70,3 +72,17 @@ def test_log_file_gets_progress_lines_and_rejects_a_bad_interval(tmp_path, monke
     assert isinstance(trainer.progress_bar_callback, ProgressLines)
     with pytest.raises(ValueError, match="ProgressLines every_n_steps must be >= 1"):
         ProgressLines(every_n_steps=0)
+
+
+def test_sweep_start_line_states_its_size(capsys):
+    benchmarks = [
+        PreparedBenchmark("a", 4, 4, [[1], [2], [3]], ["1", "2", "3"]),
+        PreparedBenchmark("b", 2, 2, [[1]], ["1"]),
+    ]
+    size = sweep_size(benchmarks, SweepConfig(temperatures=[0.6, 1.0]))
+    assert size == "4 problems in 2 benchmark(s) x 2 temperature(s): 28 samples"  # (3x4 + 1x2) x 2
+    with phase("temperature sweep at step 0", size):
+        pass
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"[erpo] temperature sweep at step 0: started ({size})"
+    assert lines[1] == "[erpo] temperature sweep at step 0: done in 0s"
