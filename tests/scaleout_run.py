@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from batches import carrying_scores, make_rollout, with_rollout
+from helpers.batches import carrying_scores, make_rollout, with_rollout
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 import yaml
-from fit_configs import csv_logger, fit_config, run_erpo, write_config
+from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 
 pytestmark = pytest.mark.slow  # each test starts the `erpo` command (~10 s of imports)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fit_configs import ERPO, csv_logger, fit_config, write_config
+from helpers.fit_configs import ERPO, csv_logger, fit_config, write_config
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.evaluation.validate import load_policy_weights

@@ -12,7 +12,15 @@ from dataclasses import replace
 import lightning as L
 import pytest
 import torch
-from test_erpo_module import PROMPTS, RESPONSES, REWARDS, TEMPERATURE, ReferenceLogprobs, fit_one_batch, rollout_batch
+from helpers.module_steps import (
+    PROMPTS,
+    RESPONSES,
+    REWARDS,
+    TEMPERATURE,
+    ReferenceLogprobs,
+    fit_one_batch,
+    rollout_batch,
+)
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import ALGORITHMS

@@ -7,8 +7,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from test_cli import run_erpo
-from test_rollout_callback import ParityReward, PolicyModule
+from helpers.fit_configs import run_erpo
+from helpers.policies import ParityReward, PolicyModule
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback

@@ -5,7 +5,7 @@ import json
 import sys
 
 import lightning.pytorch as pl
-from test_rollout_callback import ParityReward, PolicyModule
+from helpers.policies import ParityReward, PolicyModule
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback

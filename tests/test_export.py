@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fit_configs import fit_config, run_erpo, write_config
+from helpers.fit_configs import fit_config, run_erpo, write_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.errors import SettingsError

@@ -2,7 +2,7 @@
 
 import lightning.pytorch as pl
 import torch
-from test_rollout_callback import PolicyModule, query_loader
+from helpers.policies import PolicyModule, query_loader
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.rewards import MathReward

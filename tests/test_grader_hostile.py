@@ -12,7 +12,7 @@ import random
 import time
 
 import pytest
-from grading import grade_one_by_one
+from helpers.grading import grade_one_by_one
 
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rewards.math_reward import MAX_DEPTH, MAX_RESPONSE_CHARS

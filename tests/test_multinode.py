@@ -22,7 +22,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from fit_configs import ERPO, csv_logger, fit_config, write_config
+from helpers.fit_configs import ERPO, csv_logger, fit_config, write_config
 from safetensors.torch import load_file
 from test_distributed import METRIC_TOLERANCE, SCRIPT, WEIGHT_TOLERANCE, assert_same_run, read_run, run_commands, train
 from transformers import AutoModelForCausalLM

@@ -5,7 +5,7 @@ from functools import partial
 import pytest
 import torch
 import yaml
-from fit_configs import fit_config, run_erpo, write_config
+from helpers.fit_configs import fit_config, run_erpo, write_config
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau, StepLR
 
 from erpo_lightning.modules.erpo_module import ERPOModule

@@ -12,10 +12,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from fit_configs import ERPO, fit_config, write_config
+from helpers.cli_runs import run_main, tiny_config
+from helpers.fit_configs import ERPO, fit_config, write_config
+from helpers.resume_runs import LOGGED, run
 from lightning.pytorch.loggers import CSVLogger
-from test_hostile_cli import run_main, tiny_config
-from test_resume import LOGGED, run
 
 from erpo_lightning.callbacks.preemption import Preempted
 from erpo_lightning.checkpointing import lock_path

@@ -10,8 +10,8 @@ import lightning as L
 import pandas as pd
 import pytest
 import torch
-from fit_configs import csv_logger, fit_config, run_erpo, write_config
-from test_erpo_module import PROMPTS, ReferenceLogprobs, fit_one_batch, rollout_batch
+from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
+from helpers.module_steps import PROMPTS, ReferenceLogprobs, fit_one_batch, rollout_batch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.query_scoring import QueryScoringLayout

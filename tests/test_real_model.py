@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fit_configs import csv_logger, fit_config, run_erpo, write_config
+from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 
 from erpo_lightning.gguf import MANIFEST_NAME, is_gguf, resolve_model_path
 from erpo_lightning.rollout import HFEngine, VLLMEngine

@@ -86,6 +86,21 @@ def test_docs_tracks_user_pages_only():
     assert others == [], f"docs/ tracks files other than its pages: {others[:10]}"
 
 
+# Test files still importing another test file's helpers, each left while that file was being edited (issue 42).
+IMPORTS_LEFT = {("test_multinode.py", "test_distributed"), ("test_trl_hostile.py", "test_trl_integration")}
+
+
+def test_test_files_share_helpers_through_tests_helpers_not_each_other():
+    """What several test files use lives in tests/helpers/ (imported as `helpers.<module>`)."""
+    found = set()
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found |= {(path.name, name) for name in names if name.split(".")[0].startswith("test_")}
+    assert found <= IMPORTS_LEFT, sorted(found - IMPORTS_LEFT)
+
+
 def test_the_bench_index_lists_every_script():
     """bench/README.md names each script in bench/ (what it measures, its command, its last figure)."""
     index = (REPO / "bench" / "README.md").read_text()

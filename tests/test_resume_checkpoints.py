@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.cli_runs import tiny_config
+from helpers.resume_runs import run_main
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from test_hostile_cli import tiny_config
-from test_resume_config import run_main
 
 from erpo_lightning.checkpointing import (
     AtomicCheckpointIO,

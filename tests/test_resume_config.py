@@ -4,21 +4,12 @@ is refused before anything loads, naming the field; `erpo validate` refuses a ch
 import pytest
 import torch
 import yaml
-from test_hostile_cli import fails_in_one_line, tiny_config
+from helpers.cli_runs import fails_in_one_line, tiny_config
+from helpers.resume_runs import run_main
 
-from erpo_lightning.cli import main
 from erpo_lightning.errors import SettingsError
 from erpo_lightning.resume_config import CONFIG_KEY, check_resume_config
 from erpo_lightning.tiny_qwen2 import save_tiny_model
-
-
-def run_main(*args) -> int:
-    """`erpo ARGS` in this process; its exit status (0 when it returns)."""
-    try:
-        main(list(args))
-    except SystemExit as exited:
-        return exited.code
-    return 0
 
 
 @pytest.fixture()

@@ -6,7 +6,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from grading import grade_one_by_one
+from helpers.grading import grade_one_by_one
 
 from erpo_lightning.rewards import MathReward
 

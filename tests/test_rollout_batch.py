@@ -4,7 +4,7 @@ from dataclasses import fields, replace
 
 import pytest
 import torch
-from batches import make_rollout
+from helpers.batches import make_rollout
 
 from erpo_lightning.rollout import Sample, SamplingSettings, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.batch import RolloutBatch

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import yaml
-from test_hostile_cli import run_main, tiny_config
+from helpers.cli_runs import run_main, tiny_config
 
 from erpo_lightning.checkpointing import RunDirectoryInUse, RunDirectoryLock, lock_path
 

@@ -7,8 +7,8 @@ import copy
 import lightning as L
 import pytest
 import torch
-from batches import carrying_scores, rollout_loader
-from test_erpo_module import PROMPTS, ReferenceLogprobs, fit_one_batch, make_module, rollout_batch
+from helpers.batches import carrying_scores, rollout_loader
+from helpers.module_steps import PROMPTS, ReferenceLogprobs, fit_one_batch, make_module, rollout_batch
 
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.query_scoring import QueryScoringLayout

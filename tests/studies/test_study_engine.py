@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_quickstart import copy_quickstart_inputs
+from helpers.quickstart import copy_quickstart_inputs
 
 from studies.engine import runs as study_runs
 from studies.engine.claims import Claim, MeanMargin, confirm, describe, evaluate

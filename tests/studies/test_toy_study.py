@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_quickstart import copy_quickstart_inputs
+from helpers.quickstart import copy_quickstart_inputs
 
 from erpo_lightning.algorithms import ALGORITHMS
 from erpo_lightning.toy import verify_shipped
