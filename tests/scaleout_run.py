@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from erpo_lightning.data.cache import ReferenceLogprobCache
+from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.logprobs import gather_token_logprobs, sequence_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
@@ -86,7 +87,7 @@ def reference_cache(model: torch.nn.Module, batches: list[RolloutBatch]) -> Refe
                 width = batch.prompt_length
                 prompt = batch.input_ids[row, :width][batch.attention_mask[row, :width].bool()].unsqueeze(0)
                 rows.append(gather_token_logprobs(model(prompt).logits, prompt)[0] + 0.05 * (row + 1))
-    return ReferenceLogprobCache.from_rows(rows)
+    return ReferenceLogprobCache.from_rows(rows, QueryScoringLayout())  # the step scores queries in this layout
 
 
 def rank_shard(batch: RolloutBatch) -> QueryBatch:

@@ -200,7 +200,9 @@ def test_erpo_fit_under_fsdp2_then_export(tmp_path, tiny_model_path, benchmarks_
     env = {**os.environ, "ERPO_CACHE_HOME": str(tmp_path / "erpo-cache")}
     run_command([ERPO, "fit", "--config", str(config_path)], env=env, cwd=tmp_path)
     rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
-    assert len([r for r in rows if r.get("train/query_kl")]) == 2
+    query_kl = [float(r["train/query_kl"]) for r in rows if r.get("train/query_kl")]
+    # The cache built on 2 ranks, the step's queries scored by the sharded policy: equal at θ0 to the bit.
+    assert len(query_kl) == 2 and query_kl[0] == 0.0
     checkpoint = next((tmp_path / "run").rglob("*.ckpt"))
     assert checkpoint.is_dir() and (checkpoint / "__1_0.distcp").is_file()
     command = [sys.executable, "-m", "erpo_lightning.modules.sharding", str(checkpoint), str(tiny_model_path)]

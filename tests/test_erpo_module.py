@@ -115,8 +115,8 @@ def test_exactly_one_forward_per_micro_batch(setup, scoring, query_forwards):
         lambda _, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True
     )
     fit_one_batch(module, batch)
-    assert len(calls) == 2 + query_forwards and [shape[0] for shape in calls[:2]] == [2, 2]  # two rows per micro
-    assert calls[2:] == [torch.Size([QueryScoringLayout().rows, 64])] * query_forwards
+    assert len(calls) == 2 + query_forwards and [shape[0] for shape in calls[query_forwards:]] == [2, 2]  # 2 per micro
+    assert calls[:query_forwards] == [torch.Size([QueryScoringLayout().rows, 64])] * query_forwards  # queries first
 
 
 def test_query_kl_zero_at_step_zero_then_logged_and_growing_for_grpo(setup):

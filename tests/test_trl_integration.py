@@ -78,14 +78,17 @@ def make_trainer(
     model_path, output_dir, erpo: bool = True, fixed: bool = True, eval_prompts=None, inputs=None, **settings
 ):
     """An ERPOTrainer (or, erpo=False, TRL's GRPOTrainer) on PROMPTS; `settings` go to GRPOConfig, except Algorithm
-    fields and `algorithm`, which go to ERPOTrainer; `inputs` replace trainer arguments (e.g. `reward_funcs`)."""
+    fields, `algorithm` and `query_kl_scoring`, which go to ERPOTrainer; `inputs` replace trainer arguments (e.g.
+    `reward_funcs`)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # `rollout_func` is experimental in TRL
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from erpo_lightning.integrations.trl import ALGORITHM_FIELDS, ERPOTrainer
 
-    erpo_settings = {k: settings.pop(k) for k in list(settings) if k in ALGORITHM_FIELDS or k == "algorithm"}
+    erpo_settings = {
+        k: settings.pop(k) for k in list(settings) if k in ALGORITHM_FIELDS or k in ("algorithm", "query_kl_scoring")
+    }
     config = dict(
         output_dir=str(output_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
         gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
@@ -169,17 +172,21 @@ def hand_loss(trainer, model_path, inputs: dict, algorithm) -> tuple[torch.Tenso
 
 @pytest.mark.slow
 @requires_trl
+@pytest.mark.parametrize("scoring", ["exact", "shared_forward"])
 @pytest.mark.parametrize("preset", ["erpo", "erpo_released"])
-def test_loss_and_gradients_equal_rl_loss(preset, model_path, tmp_path):
-    trainer = make_trainer(model_path, tmp_path, algorithm=preset)
+def test_loss_and_gradients_equal_rl_loss(preset, scoring, model_path, tmp_path):
+    """Both scorings against one hand computation from the [prompt; completion] forward: the exact one scores the
+    queries again alone, which agrees to rounding in float32 (and equals the cache bit for bit at θ0)."""
+    trainer = make_trainer(model_path, tmp_path, algorithm=preset, query_kl_scoring=scoring)
     perturb(trainer.model)  # after θ0 was scored: Query-KL is no longer 0, and w(q) 'current' moves
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     inputs = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
     assert (inputs["prompt_mask"] == 0).any(), "some prompts must be left-padded"
     inputs["old_per_token_logps"] = off_policy(trainer.model, inputs)
-    # The Query-KL tolerance left unset follows the compute dtype, as in `erpo fit` (float32 here).
-    algorithm = resolve_algorithm(preset, query_kl_tolerance=obj.query_kl_tolerance_for(torch.float32))
+    # The Query-KL tolerance left unset is 0 when exact, else follows the compute dtype, as in `erpo fit`.
+    tolerance = 0.0 if scoring == "exact" else obj.query_kl_tolerance_for(torch.float32)
+    algorithm = resolve_algorithm(preset, query_kl_tolerance=tolerance)
     assert trainer.algorithm == algorithm
     assert trainer.args.weight_decay == algorithm.weight_decay  # the preset's optimizer default (0.01 for released)
 
@@ -484,13 +491,32 @@ def test_evaluation_prompts_get_theta0_scores_and_log_query_kl(model_path, tmp_p
 
 @pytest.mark.slow
 @requires_trl
-def test_query_kl_tolerance_follows_the_compute_dtype_unless_set(model_path, tmp_path):
-    assert make_trainer(model_path, tmp_path / "bf16", bf16=True).algorithm.query_kl_tolerance == (
+def test_query_kl_tolerance_is_zero_when_exact_else_follows_the_compute_dtype_unless_set(model_path, tmp_path):
+    assert make_trainer(model_path, tmp_path / "exact", bf16=True).algorithm.query_kl_tolerance == 0.0
+    shared = {"query_kl_scoring": "shared_forward"}
+    assert make_trainer(model_path, tmp_path / "bf16", bf16=True, **shared).algorithm.query_kl_tolerance == (
         obj.query_kl_tolerance_for(torch.bfloat16)
     )
-    assert make_trainer(model_path, tmp_path / "fp32").algorithm.query_kl_tolerance == (
+    assert make_trainer(model_path, tmp_path / "fp32", **shared).algorithm.query_kl_tolerance == (
         obj.query_kl_tolerance_for(torch.float32)
     )
     assert (
         make_trainer(model_path, tmp_path / "set", bf16=True, query_kl_tolerance=0.0).algorithm.query_kl_tolerance == 0
     )
+
+
+@pytest.mark.slow
+@requires_trl
+@pytest.mark.parametrize("bf16", [False, True])
+def test_exact_query_kl_is_zero_at_theta0_and_stays_there_without_signal(model_path, tmp_path, bf16):
+    """ERPOTrainer's default scoring: the queries are scored alone in the θ0 cache's layout and autocast dtype, so
+    at θ0 Query-KL is exactly 0, and with every reward equal (no signal) and no tolerance it stays 0 (float32 and
+    bfloat16 autocast; weight decay off: it moves weights whatever the signal, docs/erpo.md)."""
+    trainer = make_trainer(
+        model_path, tmp_path / "run", bf16=bf16, max_steps=3, weight_decay=0.0, learning_rate=1e-3,
+        inputs={"reward_funcs": lambda completions, **_: [0.0] * len(completions)},
+    )  # fmt: skip
+    assert trainer.algorithm.query_kl_tolerance == 0.0
+    trainer.train()
+    logged = [entry["query_kl/token_k3"] for entry in trainer.state.log_history if "query_kl/token_k3" in entry]
+    assert len(logged) == 3 and logged == [0.0, 0.0, 0.0], logged

@@ -33,7 +33,12 @@ def parameters_hash(model: torch.nn.Module) -> str:
 
 
 def reference_manifest(
-    model: torch.nn.Module, tokenizer, prompts: Sequence, prompt_ids: Sequence[Sequence[int]], template: dict
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence,
+    prompt_ids: Sequence[Sequence[int]],
+    template: dict,
+    dtype: torch.dtype | None = None,
 ) -> dict:
     """The manifest of a score cache (`data.fingerprint.FINGERPRINT_FIELDS`) for a model held in memory.
 
@@ -41,6 +46,7 @@ def reference_manifest(
         prompts: the prompts as the trainer's dataset holds them (text, or chat messages).
         prompt_ids: [Q] their token ids as the trainer feeds them to the model.
         template: how the text became tokens (e.g. the chat template), recorded and compared.
+        dtype: what the scoring forward computes in (an autocast's); None: the weights' dtype.
     """
     vocab = sorted(tokenizer.get_vocab().items()) if hasattr(tokenizer, "get_vocab") else None
     manifest = {
@@ -51,7 +57,7 @@ def reference_manifest(
         "dataset_fingerprint": _json_hash(list(prompts)),
         "prompt_tokens_hash": _json_hash([list(map(int, ids)) for ids in prompt_ids]),
         "max_prompt_length": max((len(ids) for ids in prompt_ids), default=0),
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "dtype": str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
         "scoring_layout": QueryScoringLayout().to_dict(),  # what `compute_reference_logprobs` scores in by default
         "num_queries": len(prompt_ids),
         "num_prompt_tokens": sum(len(ids) for ids in prompt_ids),
@@ -85,7 +91,9 @@ def load_or_score(
         expected = {**manifest, "weights_hash": found.get("weights_hash")} if trust_weights else manifest
         check_manifest(found, expected, directory)
         lengths = [len(ids) for ids in prompt_ids]
-        return ReferenceLogprobCache.load(directory / SCORES_FILE, fingerprint_digest(found), lengths)
+        cache = ReferenceLogprobCache.load(directory / SCORES_FILE, fingerprint_digest(found), lengths)
+        cache.layout = QueryScoringLayout(**found["scoring_layout"])  # the manifest matched: the layout is this run's
+        return cache
     if not may_score:
         raise FileNotFoundError(
             f"{directory}: no θ0 query scores to resume with, and the model is no longer θ0 (they are never rescored "

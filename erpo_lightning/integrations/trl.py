@@ -38,6 +38,8 @@ from erpo_lightning.integrations.trl_guards import (
     reward_problem,
 )
 from erpo_lightning.logprobs import position_ids_from_mask, sequence_logprobs
+from erpo_lightning.modules.erpo_module import QueryKLScoring
+from erpo_lightning.modules.query_pass import exact_query_kl, unique_prompts
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]
 
@@ -140,6 +142,11 @@ class ERPOTrainer(GRPOTrainer):
     Args (besides GRPOTrainer's):
         algorithm: a preset name (`erpo`, `erpo_released`, ...) or an `Algorithm`.
         reference_dir: where the θ0 scores are kept (default `<output_dir>/erpo_reference`).
+        query_kl_scoring: `exact` (default): each micro-batch's unique queries are scored again alone, in the θ0
+            cache's layout and compute dtype (the cache is scored under the trainer's autocast), so at θ0 Query-KL
+            is exactly 0 and `query_kl_tolerance` defaults to 0; `shared_forward`: the query tokens come from the
+            fused forward over [prompt; completion] rows (no extra forward), and the tolerance defaults to the
+            compute dtype's noise floor (docs/erpo.md, "Query-KL at θ0").
         **fields: single `Algorithm` fields overriding the preset (e.g. `query_kl_coef=0.05`).
     The loss side (loss_type, clip range, advantages) follows the algorithm; a GRPOConfig loss field set to
     something else is refused, as is every setting rl_loss cannot reproduce (one line naming it). Empty prompts and
@@ -147,7 +154,14 @@ class ERPOTrainer(GRPOTrainer):
     it, and non-finite weights after the optimizer step that made them (`trl_guards`).
     """
 
-    def __init__(self, *args, algorithm: str | Algorithm = "erpo", reference_dir: str | Path | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        algorithm: str | Algorithm = "erpo",
+        reference_dir: str | Path | None = None,
+        query_kl_scoring: QueryKLScoring = "exact",
+        **kwargs,
+    ):
         overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in ALGORITHM_FIELDS}
         algorithm = _algorithm(algorithm, overrides)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
@@ -157,16 +171,24 @@ class ERPOTrainer(GRPOTrainer):
             problem = _unsupported(self.args, algorithm) or _unsupported_inputs(self)
         if problem is not None:
             raise ValueError(f"ERPOTrainer: {problem}")
-        if algorithm.query_kl_tolerance is None:  # the noise floor of the dtype the policy computes in, as erpo fit
-            algorithm = replace(algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(self._compute_dtype()))
+        if query_kl_scoring not in ("exact", "shared_forward"):
+            raise ValueError(
+                f"ERPOTrainer: query_kl_scoring must be 'exact' or 'shared_forward', got {query_kl_scoring!r}"
+            )
+        self.query_kl_scoring = query_kl_scoring
+        if algorithm.query_kl_tolerance is None:  # as erpo fit: nothing under exact scoring, else the noise floor
+            tolerance = 0.0 if query_kl_scoring == "exact" else obj.query_kl_tolerance_for(self._compute_dtype())
+            algorithm = replace(algorithm, query_kl_tolerance=tolerance)
         self.algorithm = algorithm
         if self.args.weight_decay == _default("weight_decay"):  # an optimizer default of the preset (erpo_released)
             self.args.weight_decay = algorithm.weight_decay
         prompts, num_train = _dataset_prompts(self)
         prompt_ids = _prompt_ids(self, prompts)
-        manifest = reference_manifest(self.model, self.processing_class, prompts, prompt_ids, _template(self, prompts))
+        manifest = reference_manifest(
+            self.model, self.processing_class, prompts, prompt_ids, _template(self, prompts), self._compute_dtype()
+        )
         directory = Path(reference_dir or Path(self.args.output_dir) / "erpo_reference")
-        with self.accelerator.main_process_first():
+        with self.accelerator.main_process_first(), self.accelerator.autocast():  # the training forward's dtype
             self.reference_cache = load_or_score(self.model, prompt_ids, directory, manifest)
         # [rows] w(q) of every scored prompt when the algorithm makes it static, made once: s̄ is the training set's.
         nll = self.reference_cache.nll
@@ -252,6 +274,7 @@ class ERPOTrainer(GRPOTrainer):
         is_leader = (torch.arange(first, first + local) % group == 0).to(device)
         width = prompt_ids.shape[1]
         output["erpo_ref_query_logprobs"] = self.reference_cache.padded(rows, width).to(device)
+        output["erpo_cache_rows"] = rows.to(device)
         output["erpo_is_leader"] = is_leader
         weights = self._query_weights(rows, prompt_ids, prompt_mask, is_leader)
         if weights is not None:
@@ -302,12 +325,25 @@ class ERPOTrainer(GRPOTrainer):
         normalizers = {
             name: inputs[f"erpo_count_{name}"] for name in ("tokens", "sequences", "queries", "query_tokens")
         }
+        exact = self.query_kl_scoring == "exact"
         loss, parts = obj.rl_loss(
             self.algorithm, response_lp, response_lp.detach() if old is None else old, inputs["advantages"],
-            completion_mask, query_lp, inputs["erpo_ref_query_logprobs"], query_mask, inputs["erpo_is_leader"],
+            completion_mask, None if exact else query_lp, inputs["erpo_ref_query_logprobs"], query_mask,
+            inputs["erpo_is_leader"],
             seq_weights=inputs.get("erpo_query_weights") if self.algorithm.use_query_weights else None,
             constant=self.max_completion_length, normalizers=normalizers,
         )  # fmt: skip
+        if exact:
+            leaders = inputs["erpo_is_leader"]
+            group = self.num_generations if self.model.training else self.num_generations_eval
+            with self.accelerator.autocast():  # the cache's dtype: it was scored under the same autocast
+                term, query_parts = exact_query_kl(
+                    model, unique_prompts(prompt_ids, prompt_mask, leaders), inputs["erpo_cache_rows"][leaders].cpu(),
+                    group, self.reference_cache, self.algorithm, normalizers, None,
+                    lambda count: int(self.accelerator.reduce(torch.tensor(count, device=prompt_ids.device), "max")),
+                    self.max_completion_length,
+                )  # fmt: skip
+            loss, parts = loss + term, {**parts, **query_parts}
         self._log_loss_metrics(parts, out.entropy, completion_mask, width)
         return loss * (self.accelerator.num_processes if self.model.training else 1)
 

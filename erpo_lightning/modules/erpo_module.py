@@ -33,7 +33,7 @@ from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings, weight_norm
-from erpo_lightning.modules.query_pass import exact_query_kl
+from erpo_lightning.modules.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.modules.step_metrics import (
     build_train_metrics,
@@ -421,9 +421,12 @@ class ERPOModule(L.LightningModule):
         if self.hparams.query_kl_scoring == "exact":
             # First: under FSDP2 a forward without backward (Query-KL not optimised) leaves the root's weights
             # gathered, and the micro-batches' backward below is what reshards them before the optimizer step.
+            leaders, width = batch.is_group_leader, batch.prompt_length
             query_term, query_parts = exact_query_kl(
-                self.policy, batch, self.reference_cache, self.algorithm, normalizers,
-                lambda term: self.manual_backward(term * scale), self._trainer, self.device,
+                self.policy, unique_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width], leaders),
+                batch.query_index[leaders], batch.group_size, self.reference_cache, self.algorithm, normalizers,
+                lambda term: self.manual_backward(term * scale),
+                lambda count: int(all_reduce(self._trainer, count, "max", self.device)),
                 self.hparams.loss_constant or batch.max_new_tokens,
             )  # fmt: skip
             step_sums[0] += query_term

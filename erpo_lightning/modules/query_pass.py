@@ -10,22 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import lightning as L
 import torch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.query_scoring import score_block
-from erpo_lightning.modules.distributed import all_reduce
-from erpo_lightning.rollout.batch import RolloutBatch
 
 
-def unique_prompts(batch: RolloutBatch) -> tuple[list[list[int]], torch.Tensor]:
-    """The token ids of each query of `batch` once (its group leader's left-padded prompt without the padding), and
-    their cache rows [Q]."""
-    leaders = batch.is_group_leader
-    ids, mask = batch.input_ids[leaders, : batch.prompt_length], batch.attention_mask[leaders, : batch.prompt_length]
-    return [row[real.bool()].tolist() for row, real in zip(ids, mask, strict=True)], batch.query_index[leaders]
+def unique_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, is_leader: torch.Tensor) -> list[list[int]]:
+    """The token ids of each query once: its group leader's left-padded prompt [N, P] without the padding."""
+    rows = zip(prompt_ids[is_leader], prompt_mask[is_leader], strict=True)
+    return [ids[real.bool()].tolist() for ids, real in rows]
 
 
 def right_padded_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,56 +35,69 @@ def right_padded_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
 
 def exact_query_kl(
     policy: torch.nn.Module,
-    batch: RolloutBatch,
+    prompts: list[list[int]],
+    query_index: torch.Tensor,
+    rows_per_query: int,
     cache: ReferenceLogprobCache,
     algorithm: obj.LossSettings,
     normalizers: dict[str, torch.Tensor],
-    backward: Callable[[torch.Tensor], None],
-    trainer: L.Trainer | None,
-    device: torch.device,
+    backward: Callable[[torch.Tensor], None] | None,
+    most_blocks: Callable[[int], int],
     constant: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Score the step's unique queries block by block and, when Query-KL is optimised, backpropagate α · its term.
+    """Score the step's unique queries block by block; when Query-KL is optimised (α > 0), α · its term.
 
-    Every rank runs as many blocks (filler blocks of one query, weighted 0, on ranks with fewer), since each forward
-    and backward of a sharded or data-parallel policy runs collectives.
+    Every rank runs as many blocks (filler blocks, weighted 0, on ranks with fewer; a rank or micro-batch may hold no
+    query at all), since each forward and backward of a sharded or data-parallel policy runs collectives.
 
     Args:
-        batch: the optimizer step's rows (whole groups).
+        prompts, query_index: the token ids of each query once, and its cache row [Q] (`unique_prompts`).
+        rows_per_query: how many rows of the step share each query (its group size).
         cache: reference scores with the `layout` they were computed in.
         algorithm: the loss settings (`query_kl_coef`, estimator, aggregation, clamp, tolerance).
         normalizers: the step's global counts (`objectives.loss_normalizers`, summed over ranks).
-        backward: called with each block's loss share (already scaled for the strategy's gradient averaging).
+        backward: called with each block's loss share, whose graph is then freed (Lightning's manual backward);
+            None: the shares are summed, with their graph, into the returned term (a trainer that runs backward).
+        most_blocks: this rank's block count in, the largest over ranks out.
         constant: Dr. GRPO's normaliser, when the PG loss uses `seq_sum_constant`.
     Returns:
-        α · the Query-KL term on this rank's queries (a detached scalar, to add to the step's logged loss), and the
-        parts `objectives.query_kl_parts` names, one value per query ([Q] each).
+        α · the Query-KL term on this rank's queries (detached when `backward` is given), and the parts
+        `objectives.query_kl_parts` names, one value per query ([Q] each).
     """
     if cache.layout is None:
         raise ValueError(
-            "model.query_kl_scoring exact needs reference scores computed in a layout the step can reproduce, and "
-            "these have none (data.cache_engine vllm, or a cache made outside QueryDataModule without a layout): "
-            "use data.cache_engine transformers, or model.query_kl_scoring shared_forward"
+            "query_kl_scoring 'exact' needs reference scores computed in a layout the step can reproduce, and these "
+            "have none (data.cache_engine vllm, or a cache made without a layout): use data.cache_engine "
+            "transformers, or query_kl_scoring 'shared_forward'"
         )
     layout, coef = cache.layout, algorithm.query_kl_coef
-    prompts, query_index = unique_prompts(batch)
     blocks = layout.blocks([len(ids) for ids in prompts])
-    count = int(all_reduce(trainer, len(blocks), "max", device))
-    rows_per_query = torch.full((len(prompts),), batch.group_size, device=device)
+    device = next(policy.parameters()).device
+    multiplicity = torch.full((len(prompts),), rows_per_query, device=device)
     term_sum, recorded = torch.zeros((), device=device), []
-    for number in range(count):
+    for number in range(most_blocks(len(blocks))):
         real = number < len(blocks)
-        block = blocks[number] if real else blocks[0][:1]
-        with torch.set_grad_enabled(coef > 0):
-            current, mask = right_padded_rows(score_block(policy, [prompts[p] for p in block], layout))
-        reference, _ = right_padded_rows([cache.row(int(q)).to(current) for q in query_index[block]])
+        block = blocks[number] if real else []
+        queries = [prompts[p] for p in block] if real else [[0, 0]]  # a filler: two padding tokens, weight 0
+        with torch.set_grad_enabled(coef > 0 and torch.is_grad_enabled()):  # (an evaluation loop has it off)
+            current, mask = right_padded_rows(score_block(policy, queries, layout))
+        if real:
+            reference, _ = right_padded_rows([cache.row(int(q)).to(current) for q in query_index[block]])
+            rows_each = multiplicity[block]
+        else:
+            reference, rows_each = current.detach(), torch.zeros(len(queries), device=device)
         if coef > 0:
-            term = coef * obj.query_kl_loss(
-                algorithm, current, reference, mask, normalizers, constant, rows_per_query[block]
+            term = (
+                coef
+                * obj.query_kl_loss(algorithm, current, reference, mask, normalizers, constant, rows_each)
+                * (1.0 if real else 0.0)
             )
-            backward(term * (1.0 if real else 0.0))
-            term_sum += term.detach() if real else 0.0
+            if backward is not None and term.requires_grad:
+                backward(term)
+                term = term.detach()
+            term_sum = term_sum + term
         if real:
             recorded.append(obj.query_kl_parts(algorithm, current.detach(), reference, mask))
-    parts = {name: torch.cat([part[name] for part in recorded]) for name in recorded[0]}
+    names = ("query_kl", "query_kl_token_k3", "query_loglik_change")  # `objectives.query_kl_parts`'
+    parts = {name: torch.cat([part[name] for part in recorded] or [torch.zeros(0, device=device)]) for name in names}
     return term_sum, parts
