@@ -65,12 +65,12 @@ def test_no_code_reads_a_path_outside_the_repository():
 
 def test_no_code_edits_the_import_path():
     """Studies run as `python -m studies.<name>` and tests import them through pytest's `pythonpath`: nothing puts a
-    folder on `sys.path` itself."""
+    folder on the import path itself."""
     edits = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*(\+=|=)|site\.addsitedir")
     offenders = [f"{path.relative_to(REPO)}:{lineno}: {line.strip()}" for path in _python_files()
                  for lineno, line in enumerate(path.read_text().splitlines(), start=1)
                  if edits.search(line) and path.name != "test_repository.py"]  # fmt: skip
-    assert offenders == [], "code editing sys.path:\n" + "\n".join(offenders)
+    assert offenders == [], "code editing the import path:\n" + "\n".join(offenders)
 
 
 def _tracked(folder: str) -> list[str]:

@@ -24,7 +24,7 @@ from erpo_lightning.rewards.conventions import GraderSettings
 
 _BOOT_TIMEOUT_S = 120.0
 _WORKER_MODULE = "erpo_lightning.rewards.worker"
-# The folder holding the erpo_lightning package: workers find it even when the caller put it on sys.path itself.
+# The folder holding the erpo_lightning package: workers find it even when the caller put it on the import path itself.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
