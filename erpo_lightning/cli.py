@@ -80,7 +80,8 @@ from erpo_lightning.errors import (  # noqa: E402
 )
 from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
-from erpo_lightning.modules.erpo_module import ERPOModule, check_module_settings, check_trainer_precision  # noqa: E402
+from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
+from erpo_lightning.modules.settings import check_module_settings, check_trainer_precision  # noqa: E402
 from erpo_lightning.objectives import check_group_size  # noqa: E402
 from erpo_lightning.resume_config import RunConfigRecorder, check_checkpoint_model, check_resume_config  # noqa: E402
 from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402

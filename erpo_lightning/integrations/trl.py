@@ -38,8 +38,8 @@ from erpo_lightning.integrations.trl_guards import (
     reward_problem,
 )
 from erpo_lightning.logprobs import position_ids_from_mask, sequence_logprobs
-from erpo_lightning.modules.erpo_module import QueryKLScoring
 from erpo_lightning.modules.query_pass import exact_query_kl, unique_prompts
+from erpo_lightning.modules.settings import QueryKLScoring
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]
 

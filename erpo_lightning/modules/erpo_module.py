@@ -10,8 +10,6 @@ steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any, Literal
 
@@ -32,8 +30,9 @@ from erpo_lightning.logprobs import (
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows
-from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, check_optimizer_settings, weight_norm
+from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
 from erpo_lightning.modules.query_pass import exact_query_kl, unique_prompts
+from erpo_lightning.modules.settings import Dtype, QueryKLScoring, check_module_settings, check_trainer_precision
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.modules.step_metrics import (
     build_train_metrics,
@@ -43,62 +42,6 @@ from erpo_lightning.modules.step_metrics import (
 )
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
-from erpo_lightning.setting_rules import Rule, check_rules
-
-Dtype = Literal["float32", "bfloat16", "float16"]
-QueryKLScoring = Literal["exact", "shared_forward"]
-
-# One rule for the weights' dtype and the FSDP2 compute dtype: float16 needs loss scaling, which the step does not do.
-_NOT_FLOAT16 = (
-    "float16 is not supported: it needs float32 master weights and loss scaling, which training does not do (float16 "
-    "weights turn NaN/inf in the first optimizer step); bfloat16 has float32's range at float16's memory"
-)
-
-# (field, test, allowed range as the error states it) of the module's own numeric and dtype settings; the optimizer's
-# are checked by `optim.check_optimizer_settings`, nan_policy's by `NonFiniteGuard`, the algorithm's by
-# `resolve_algorithm`.
-_SETTING_RULES: tuple[Rule, ...] = (
-    ("num_iterations", lambda v: v >= 1, ">= 1"),
-    ("update_batch_size", lambda v: v is None or v >= 1, ">= 1 (or null)"),
-    ("micro_batch_tokens", lambda v: v >= 1, ">= 1"),
-    ("loss_constant", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (or null)"),
-    ("gradient_clip_norm", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (null = no clipping)"),
-    ("dtype", lambda v: v != "float16", f"float32 or bfloat16 ({_NOT_FLOAT16})"),
-    ("fsdp_mixed_precision", lambda v: v != "float16", f"float32, bfloat16 or null ({_NOT_FLOAT16})"),
-)
-
-
-def check_trainer_precision(precision: object) -> None:
-    """ValueError unless Lightning's `trainer.precision` is left at full precision (None, 32, "32", "32-true").
-
-    The policy's dtypes have one owner, this module (`model.dtype`, and `model.fsdp_mixed_precision` under FSDP2),
-    which the reference cache follows; a Lightning precision plugin would cast or autocast behind it (and
-    `16-mixed` would bypass the float16 refusal).
-    """
-    if precision in (None, 32, "32", "32-true"):
-        return
-    hint = "float16 is refused (model.dtype)" if "16" in str(precision) and "bf16" not in str(precision) else (
-        "set model.dtype: bfloat16 (or, under FSDP2, model.fsdp_mixed_precision: bfloat16)"
-    )  # fmt: skip
-    raise ValueError(
-        f"trainer.precision {precision!r} is not used: the policy's dtype is set by model.dtype and its compute dtype "
-        f"under FSDP2 by model.fsdp_mixed_precision, which the reference cache follows; leave trainer.precision "
-        f"unset ({hint})"
-    )
-
-
-def check_module_settings(settings: Mapping[str, Any]) -> None:
-    """ValueError naming the first `model.` setting outside its allowed range (`model.<field> must be ...`).
-
-    `settings` maps ERPOModule's parameter names to values (the constructor's arguments, or the CLI's parsed `model:`
-    group before anything is built); a name missing from it is not checked.
-    """
-    check_rules("model", settings, _SETTING_RULES)
-    check_optimizer_settings(
-        settings.get("optimizer"), settings.get("lr_scheduler"), settings.get("learning_rate"),
-        settings.get("weight_decay"), settings.get("warmup_steps", 0),
-    )  # fmt: skip
-    NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
 
 
 class ERPOModule(L.LightningModule):
@@ -135,7 +78,7 @@ class ERPOModule(L.LightningModule):
             step (not counted towards `max_steps`) and stops the run after `max_consecutive_skips` in a row. Under
             either policy the weights are checked after every optimizer step: a non-finite weight norm stops the run
             (a step already taken cannot be dropped), and no checkpoint with non-finite weights is written.
-        dtype: `float32` | `bfloat16` for the policy weights; `float16` is refused (see `_SETTING_RULES`).
+        dtype: `float32` | `bfloat16` for the policy weights; `float16` is refused (`modules/settings.py`).
         gradient_checkpointing: recompute each decoder layer's activations in backward (activation checkpointing).
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.

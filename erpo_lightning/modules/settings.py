@@ -1,0 +1,69 @@
+"""The settings ERPOModule owns, checked before anything is built: their ranges and the compute dtype's one owner.
+
+`erpo fit` runs these checks on the parsed config before any class is instantiated; the module's constructor runs
+them again (a Python user gets the same one-line errors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from erpo_lightning.modules.optim import NonFiniteGuard, check_optimizer_settings
+from erpo_lightning.setting_rules import Rule, check_rules
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+QueryKLScoring = Literal["exact", "shared_forward"]
+
+# One rule for the weights' dtype and the FSDP2 compute dtype: float16 needs loss scaling, which the step does not do.
+_NOT_FLOAT16 = (
+    "float16 is not supported: it needs float32 master weights and loss scaling, which training does not do (float16 "
+    "weights turn NaN/inf in the first optimizer step); bfloat16 has float32's range at float16's memory"
+)
+
+# (field, test, allowed range as the error states it) of the module's own numeric and dtype settings; the optimizer's
+# are checked by `optim.check_optimizer_settings`, nan_policy's by `NonFiniteGuard`, the algorithm's by
+# `resolve_algorithm`.
+_SETTING_RULES: tuple[Rule, ...] = (
+    ("num_iterations", lambda v: v >= 1, ">= 1"),
+    ("update_batch_size", lambda v: v is None or v >= 1, ">= 1 (or null)"),
+    ("micro_batch_tokens", lambda v: v >= 1, ">= 1"),
+    ("loss_constant", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (or null)"),
+    ("gradient_clip_norm", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (null = no clipping)"),
+    ("dtype", lambda v: v != "float16", f"float32 or bfloat16 ({_NOT_FLOAT16})"),
+    ("fsdp_mixed_precision", lambda v: v != "float16", f"float32, bfloat16 or null ({_NOT_FLOAT16})"),
+)
+
+
+def check_trainer_precision(precision: object) -> None:
+    """ValueError unless Lightning's `trainer.precision` is left at full precision (None, 32, "32", "32-true").
+
+    The policy's dtypes have one owner, this module (`model.dtype`, and `model.fsdp_mixed_precision` under FSDP2),
+    which the reference cache follows; a Lightning precision plugin would cast or autocast behind it (and
+    `16-mixed` would bypass the float16 refusal).
+    """
+    if precision in (None, 32, "32", "32-true"):
+        return
+    hint = "float16 is refused (model.dtype)" if "16" in str(precision) and "bf16" not in str(precision) else (
+        "set model.dtype: bfloat16 (or, under FSDP2, model.fsdp_mixed_precision: bfloat16)"
+    )  # fmt: skip
+    raise ValueError(
+        f"trainer.precision {precision!r} is not used: the policy's dtype is set by model.dtype and its compute dtype "
+        f"under FSDP2 by model.fsdp_mixed_precision, which the reference cache follows; leave trainer.precision "
+        f"unset ({hint})"
+    )
+
+
+def check_module_settings(settings: Mapping[str, Any]) -> None:
+    """ValueError naming the first `model.` setting outside its allowed range (`model.<field> must be ...`).
+
+    `settings` maps ERPOModule's parameter names to values (the constructor's arguments, or the CLI's parsed `model:`
+    group before anything is built); a name missing from it is not checked.
+    """
+    check_rules("model", settings, _SETTING_RULES)
+    check_optimizer_settings(
+        settings.get("optimizer"), settings.get("lr_scheduler"), settings.get("learning_rate"),
+        settings.get("weight_decay"), settings.get("warmup_steps", 0),
+    )  # fmt: skip
+    NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
