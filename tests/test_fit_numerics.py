@@ -107,7 +107,7 @@ def test_a_tiny_dataset_and_all_truncated_responses_are_each_said_once(tiny_mode
     )  # fmt: skip
     trainer = ERPOTrainer(
         max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False,
+        enable_model_summary=False, default_root_dir=tmp_path,  # where the default SampledCompletions writes
         callbacks=[RolloutCallback(HFEngine(), ParityReward(), group_size=2, max_new_tokens=6, seed=0)],
     )  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:

@@ -74,7 +74,7 @@ def run(model_path, data_file, root, max_steps, ckpt_path=None, num_queries=NUM_
     ]
     trainer = ERPOTrainer(
         max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=callbacks,
+        callbacks=callbacks, default_root_dir=root,  # where the default SampledCompletions writes
     )  # fmt: skip
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return recorder.steps, data
