@@ -12,7 +12,9 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from erpo_lightning.file_hashes import cache_home, cached_file_sha256
@@ -51,6 +53,10 @@ def resolve_model_path(path: str) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Convert beside the target and rename: concurrent processes (ranks, parallel jobs) never see half a directory.
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    # A long phase shows its start and end, as the cache build and the sweeps do (stderr, where progress goes).
+    size = f"{gguf_file.stat().st_size / 2**20:.0f} MiB"
+    print(f"[erpo] converting {gguf_file.name} to a float32 Hugging Face folder: started ({size})", file=sys.stderr)
+    start = time.perf_counter()
     try:
         convert_gguf(gguf_file, staging, digest)
         share_like_other_files(staging)
@@ -61,6 +67,9 @@ def resolve_model_path(path: str) -> str:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    print(
+        f"[erpo] converting {gguf_file.name}: done in {time.perf_counter() - start:.0f} s ({target})", file=sys.stderr
+    )
     return str(target)
 
 
