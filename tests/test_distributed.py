@@ -10,20 +10,15 @@ against the uninterrupted run.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.fit_configs import ERPO, csv_logger, fit_config, write_config
+from helpers.scaleout import assert_same_run, run_command, train
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.evaluation.validate import load_policy_weights
@@ -31,70 +26,6 @@ from erpo_lightning.modules.sharding import export_hf_checkpoint
 from erpo_lightning.tiny_qwen2 import save_tiny_model
 
 pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
-
-SCRIPT = Path(__file__).with_name("scaleout_run.py")
-METRIC_TOLERANCE = dict(abs=2e-6, rel=2e-6)
-RUN_TIMEOUT_S = 120
-WEIGHT_TOLERANCE = 2e-5  # after 6 AdamW steps at lr 1e-3; weights move by ~5e-3
-
-
-def run_commands(*runs: tuple[list[str], dict]) -> None:
-    """Start every (command, Popen keyword arguments) at once (e.g. one launcher per simulated node), wait for all and
-    assert that each succeeded; past RUN_TIMEOUT_S all are killed and the test fails."""
-    processes = []
-    for command, popen_kwargs in runs:
-        # Output to a file, not a pipe that fills while the other command is waited for. A new session: if ranks
-        # deadlock, a launcher and the ranks it started are killed together.
-        output = tempfile.TemporaryFile(mode="w+")
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                   **popen_kwargs)  # fmt: skip
-        processes.append((process, output))
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    try:
-        for process, _ in processes:
-            process.wait(timeout=max(deadline - time.monotonic(), 0))
-    except subprocess.TimeoutExpired:
-        for process, _ in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        processes[0][1].seek(0)
-        tail = processes[0][1].read()[-2000:]
-        pytest.fail(f"{runs[0][0][:3]} did not finish in {RUN_TIMEOUT_S} s (ranks out of step?); its output:\n{tail}")
-    for process, output in processes:
-        output.seek(0)
-        assert process.returncode == 0, output.read()[-4000:]
-
-
-def run_command(command: list[str], **popen_kwargs) -> None:
-    """Run to completion and assert success; a run past RUN_TIMEOUT_S fails the test."""
-    run_commands((command, popen_kwargs))
-
-
-def train(model_dir: Path, out_dir: Path, strategy: str, config: str, *extra: str) -> dict:
-    """Run the script; returns {"records", "sharded", "activation_checkpointing", "weights"} of rank 0."""
-    command = [sys.executable, str(SCRIPT), str(model_dir), str(out_dir), "--strategy", strategy, "--config", config]
-    run_command([*command, *extra])
-    return read_run(out_dir)
-
-
-def read_run(out_dir: Path) -> dict:
-    """What rank 0 of a `scaleout_run.py` run wrote: {"records", "sharded", "activation_checkpointing", "weights"}."""
-    run = json.loads((out_dir / "run.json").read_text())
-    run["weights"] = torch.load(out_dir / "weights.pt")
-    return run
-
-
-def assert_same_run(expected: dict, actual: dict, weight_tolerance: float = WEIGHT_TOLERANCE) -> None:
-    by_epoch = {record["epoch"]: record for record in expected["records"]}
-    assert actual["records"], "no batch was trained"
-    for record in actual["records"]:
-        reference = by_epoch[record["epoch"]]
-        assert record.keys() == reference.keys()
-        for name, value in record.items():
-            assert value == pytest.approx(reference[name], **METRIC_TOLERANCE), f"{name} at epoch {record['epoch']}"
-    for name, tensor in expected["weights"].items():
-        torch.testing.assert_close(actual["weights"][name], tensor, atol=weight_tolerance, rtol=0, msg=name)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from helpers.fit_configs import ERPO, csv_logger, fit_config, write_config
+from helpers.scaleout import METRIC_TOLERANCE, SCRIPT, WEIGHT_TOLERANCE, assert_same_run, read_run, run_commands, train
 from safetensors.torch import load_file
-from test_distributed import METRIC_TOLERANCE, SCRIPT, WEIGHT_TOLERANCE, assert_same_run, read_run, run_commands, train
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.evaluation.validate import load_policy_weights
