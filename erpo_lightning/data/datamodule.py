@@ -395,7 +395,7 @@ class QueryDataModule(LightningDataModule):
                     write_cache(directory, cache, manifest, digest)
                     shutil.rmtree(directory / "partial", ignore_errors=True)
         report(f"wrote reference scores to {directory}")
-        return replace(cache, layout=self.scoring_layout())
+        return cache  # compute_reference_logprobs gave it its layout (None from vLLM)
 
     def _load_checked(self, directory: Path, manifest: dict, digest: str, repair: bool) -> ReferenceLogprobCache | None:
         """The cache in `directory` if it is there, this run's, and intact; None when there is none, when it predates

@@ -213,15 +213,12 @@ def _logprob_chunk(model, prompts, lengths: list[int], chunk: list[int], setting
     rows: dict[int, torch.Tensor] = {}
     if isinstance(model, torch.nn.Module):  # one scoring block at a time (its rows share a padded width)
         batches = [[chunk[p] for p in block] for block in settings.layout.blocks([lengths[i] for i in chunk])]
+        score = lambda batch_prompts: batch_query_logprobs(model, batch_prompts, settings.layout)  # noqa: E731
     else:
         batches = plan_batches(chunk, lengths, settings)
+        score = lambda batch_prompts: vllm_query_logprobs(model, batch_prompts)  # noqa: E731
     for batch in batches:
-        batch_prompts = [prompts[i] for i in batch]
-        if isinstance(model, torch.nn.Module):
-            scores = batch_query_logprobs(model, batch_prompts, settings.layout)
-        else:
-            scores = vllm_query_logprobs(model, batch_prompts)
-        rows.update(zip(batch, scores, strict=True))
+        rows.update(zip(batch, score([prompts[i] for i in batch]), strict=True))
         on_batch(sum(lengths[i] for i in batch))
     return _shard(chunk, [lengths[i] for i in chunk], torch.cat([rows[i] for i in chunk]))
 
