@@ -11,11 +11,15 @@ Verdict rules (`Claim.rule`):
 - `MeanMargin` (a pre-registered rule): the margin of a seed is how far its paired value is on the claimed side of
   the bound. `confirmed` when every seed's margin is positive and their mean is at least `confirm_mean`; `refuted`
   when the mean is at most `refute_mean` and no seed's margin exceeds `refute_seed`; `inconclusive` otherwise.
+- `SignTest` (the overfitting study's): the seeds decide the direction by a one-sided sign test, a bootstrap interval
+  of the mean margin decides the size: `confirmed`, `refuted` or `inconclusive` (its docstring).
+A claim's baseline may be the base model (`BASE_ARM`), when the study's table carries its row (one value repeated for
+every seed: the base model is swept once).
 Every rule gives `n/a` when an arm or metric is missing, and `undefined` when both arms ran but no seed's paired value
 is a number (a ratio against a baseline of 0: an arm that never moved from θ0). A seed whose paired value is not a
 number counts in neither k nor n; the result lists it in `undefined_seeds`. Gates (`Claim.gates`) are checked first:
 a claim whose gate fails gets the gate's verdict (`invalid` for a study's validity gate, `untestable` for a claim's
-testability gate).
+testability gate, `confounded` for a `LearningGuard`: the method learned too little for its win to mean anything).
 
 A rerun confirms a claim the study found firm (`holds` / `confirmed`: it held; `fails` / `refuted`: it did not) when
 it agrees in more than half of the rerun's seeds; other verdicts are not checked.
@@ -34,10 +38,13 @@ Check = Literal["held", "not held", "not checked"]
 FIRM: dict[str, bool] = {"holds": True, "confirmed": True, "fails": False, "refuted": False}
 
 
+BASE_ARM = "base model"  # the base model's row of a study's table (studies.engine.report.with_base_model)
+
+
 def is_accuracy(quantity: str) -> bool:
-    """Whether a quantity of the per-seed table is an accuracy in [0, 1] (held-out, training or their gap), which
-    claims and gates compare in points."""
-    return quantity.startswith(("T", "gap", "train T"))
+    """Whether a quantity of the per-seed table is an accuracy or a share in [0, 1] (held-out, training, their gap,
+    high-temperature retention), which claims and gates compare in points."""
+    return quantity.startswith(("T", "gap", "train T", "retention"))
 
 
 @dataclass(frozen=True)
@@ -98,10 +105,64 @@ class MeanMargin:
 
 
 @dataclass(frozen=True)
+class SignTest:
+    """Direction by a sign test, size by a bootstrap interval (pre-registered in studies/overfit/plan.md).
+
+    With k of n seeds' margins positive, the one-sided sign test's p-value is P(X ≥ k) for X ~ Binomial(n, 1/2)
+    (7 of 8 seeds: p = 9/256 ≈ 0.035). The interval is the percentile bootstrap of the mean margin (`resamples`
+    resamples of the n seeds with replacement, generator seed 0, so that it recomputes exactly), at `level`.
+    - `confirmed`: p ≤ `alpha` and the mean margin ≥ `effect` (the seeds agree, and the effect is large enough);
+    - `refuted`: the interval's upper end < `effect` (the seeds rule out an effect of that size);
+    - `inconclusive` otherwise.
+    Margins are in the claim's units (points for accuracies).
+    """
+
+    effect: float
+    alpha: float = 0.05
+    resamples: int = 10_000
+    level: float = 0.95
+
+    def sign_test_p(self, margins: np.ndarray) -> float:
+        n, k = int(margins.size), int((margins > 0).sum())
+        return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
+
+    def interval(self, margins: np.ndarray) -> tuple[float, float]:
+        """The bootstrap interval of the mean margin, (low, high)."""
+        draws = np.random.default_rng(0).integers(0, margins.size, size=(self.resamples, margins.size))
+        means = margins[draws].mean(axis=1)
+        tail = (1 - self.level) / 2
+        return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+    def verdict(self, margins: np.ndarray) -> str:
+        if margins.size == 0:
+            return "n/a"
+        if self.sign_test_p(margins) <= self.alpha and margins.mean() >= self.effect:
+            return "confirmed"
+        return "refuted" if self.interval(margins)[1] < self.effect else "inconclusive"
+
+    def extra(self, margins: np.ndarray) -> dict:
+        """The mean margin, the sign test's p, the bootstrap interval, whether the seeds split, and the rule."""
+        if not margins.size:
+            return {"rule": self.describe(), "mean_margin": None, "sign_test_p": None, "interval": None,
+                    "seeds_split": False}  # fmt: skip
+        split = bool((margins > 0).any() and not (margins > 0).all())
+        return {"rule": self.describe(), "mean_margin": float(margins.mean()),
+                "sign_test_p": self.sign_test_p(margins), "interval": list(self.interval(margins)),
+                "seeds_split": split}  # fmt: skip
+
+    def describe(self) -> str:
+        return (
+            f"confirmed if a one-sided sign test gives p ≤ {self.alpha:g} and the mean margin is ≥ {self.effect:g}; "
+            f"refuted if the {self.level:.0%} bootstrap interval of the mean margin lies below {self.effect:g}; "
+            f"else inconclusive"
+        )
+
+
+@dataclass(frozen=True)
 class Gate:
     """A precondition of a claim, checked in every seed the claim pairs: `quantity` of `arm` (minus its `minus`
-    quantity, when given) lies within [low, high] (points for accuracies; None: no bound). A failed gate gives the
-    claim the verdict `fails_as`."""
+    quantity, when given; minus the same quantity of `minus_arm`, when given: the base model's, say) lies within
+    [low, high] (points for accuracies; None: no bound). A failed gate gives the claim the verdict `fails_as`."""
 
     key: str
     text: str
@@ -111,6 +172,59 @@ class Gate:
     low: float | None = None
     high: float | None = None
     fails_as: str = "untestable"
+    minus_arm: str | None = None
+
+    def arms(self) -> tuple[str, ...]:
+        """The arms the gate reads."""
+        return (self.arm,) + ((self.minus_arm,) if self.minus_arm else ())
+
+    def check(self, table: dict, seeds: list[int], method: str) -> dict:
+        """The gate's per-seed values and whether it passed (False too when its arm or a seed is missing)."""
+        result = {**asdict(self), "per_seed": [], "passed": False}
+        if not seeds or any(arm not in table or not set(seeds) <= set(table[arm]["seed"]) for arm in self.arms()):
+            return result
+        values = seed_values(table, self.arm, self.quantity, seeds)
+        if self.minus is not None:
+            values = values - seed_values(table, self.arm, self.minus, seeds)
+        if self.minus_arm is not None:
+            values = values - seed_values(table, self.minus_arm, self.quantity, seeds)
+        values = values * points(self.quantity)
+        low, high = -math.inf if self.low is None else self.low, math.inf if self.high is None else self.high
+        inside = np.isfinite(values) & (values >= low) & (values <= high)
+        result.update(per_seed=[float(v) if np.isfinite(v) else None for v in values], passed=bool(inside.all()))
+        return result
+
+
+@dataclass(frozen=True)
+class LearningGuard:
+    """The claim's method must have learned: its mean gain in `quantity` over the base model (BASE_ARM) is at least
+    `min_share` of the reference `arm`'s mean gain, over the seeds the claim pairs. A method that learned less can
+    look better on a gap or on held-out accuracy only because it moved less; its claim is then `fails_as`."""
+
+    key: str
+    text: str
+    arm: str  # the reference arm (grpo)
+    quantity: str = "train T=1"
+    min_share: float = 0.5
+    fails_as: str = "confounded"
+
+    def arms(self) -> tuple[str, ...]:
+        """The arms the guard reads besides the claim's method."""
+        return (self.arm, BASE_ARM)
+
+    def check(self, table: dict, seeds: list[int], method: str) -> dict:
+        """Per seed, the method's gain (points); `share`: its mean gain over the reference's; whether it passed."""
+        result = {**asdict(self), "per_seed": [], "reference_gain": None, "share": None, "passed": False}
+        arms = (method, *self.arms())
+        if not seeds or any(arm not in table or not set(seeds) <= set(table[arm]["seed"]) for arm in arms):
+            return result
+        base = seed_values(table, BASE_ARM, self.quantity, seeds)
+        gain, reference = (points(self.quantity) * (seed_values(table, arm, self.quantity, seeds) - base)
+                           for arm in (method, self.arm))  # fmt: skip
+        share = float(gain.mean() / reference.mean()) if reference.mean() > 0 else float("nan")
+        result.update(per_seed=[float(v) for v in gain], reference_gain=float(reference.mean()), share=share,
+                      passed=bool(np.isfinite(share) and share >= self.min_share))  # fmt: skip
+        return result
 
 
 @dataclass(frozen=True)
@@ -127,8 +241,9 @@ class Claim:
         paired: `ratio` (method / baseline) or `difference` (method − baseline, in points for accuracies).
         side: the claim holds in a seed when the paired value is `below` (or `above`) `bound`, strictly.
         bound: the threshold of the paired value.
-        rule: the verdict rule (KOfN or MeanMargin).
-        gates: preconditions (a study's validity gates, the claim's testability gates), checked in order.
+        rule: the verdict rule (KOfN, MeanMargin or SignTest).
+        gates: preconditions (a study's validity gates, the claim's testability gates, a learning guard), checked
+            in order.
     """
 
     key: str
@@ -139,8 +254,8 @@ class Claim:
     paired: Literal["ratio", "difference"]
     side: Literal["below", "above"]
     bound: float
-    rule: KOfN | MeanMargin = KOfN()
-    gates: tuple[Gate, ...] = ()
+    rule: KOfN | MeanMargin | SignTest = KOfN()
+    gates: tuple[Gate | LearningGuard, ...] = ()
 
     def record(self) -> dict:
         """The claim's definition as its result starts (no rule or gates: those add their own fields)."""
@@ -161,21 +276,6 @@ def seed_values(table: dict, arm: str, quantity: str, seeds: list[int]) -> np.nd
 def common_seeds(table: dict, *arms: str) -> list[int]:
     """The seeds every one of `arms` ran, in order."""
     return sorted(set.intersection(*(set(table[arm]["seed"]) for arm in arms)))
-
-
-def check_gate(gate: Gate, table: dict, seeds: list[int]) -> dict:
-    """A gate's per-seed values and whether it passed (False too when its arm or a seed is missing)."""
-    result = {**asdict(gate), "per_seed": [], "passed": False}
-    if gate.arm not in table or not set(seeds) <= set(table[gate.arm]["seed"]) or not seeds:
-        return result
-    values = seed_values(table, gate.arm, gate.quantity, seeds)
-    if gate.minus is not None:
-        values = values - seed_values(table, gate.arm, gate.minus, seeds)
-    values = values * points(gate.quantity)
-    low, high = -math.inf if gate.low is None else gate.low, math.inf if gate.high is None else gate.high
-    inside = np.isfinite(values) & (values >= low) & (values <= high)
-    result.update(per_seed=[float(v) if np.isfinite(v) else None for v in values], passed=bool(inside.all()))
-    return result
 
 
 def quantity_values(table: dict, estimators: dict[str, str], claim: Claim) -> tuple[np.ndarray, np.ndarray, str]:
@@ -216,7 +316,7 @@ def evaluate(claim: Claim, table: dict, estimators: dict[str, str]) -> dict:
         **claim.rule.extra(margins),
     )
     if claim.gates:
-        result["gates"] = [check_gate(gate, table, seeds) for gate in claim.gates]
+        result["gates"] = [gate.check(table, seeds, claim.method) for gate in claim.gates]
         failed = next((gate for gate in result["gates"] if not gate["passed"]), None)
         if failed is not None and result["verdict"] not in ("n/a", "undefined"):
             result["verdict"] = failed["fails_as"]
@@ -241,7 +341,13 @@ def describe(result: dict) -> str:
     pre-registered rule, the mean margin, the gates' values and whether the seeds split)."""
     if result["verdict"] == "n/a":
         return f"- **n/a**: {result['text']} (`{result['method']}` or `{result['baseline']}` not run, or not logged)"
-    unit = "ratio" if result["paired"] == "ratio" else "difference (points)"
+    unit = (
+        "ratio"
+        if result["paired"] == "ratio"
+        else "difference (points)"
+        if is_accuracy(result["quantity"])
+        else ("difference")
+    )
     if result["verdict"] == "undefined":
         return (
             f"- **undefined**: {result['text']}. The {unit} {result['method']} vs {result['baseline']} "
@@ -255,11 +361,17 @@ def describe(result: dict) -> str:
         f"{result['method']} vs {result['baseline']} ({result['column']}): {values}; median {result['median']:.3g}; "
         f"the claim needs {bound}."
     )
-    if "rule" in result:
+    if "sign_test_p" in result:
+        low, high = result["interval"]
+        line += (f" Mean margin {result['mean_margin']:.3g}, sign test p = {result['sign_test_p']:.3g}, bootstrap "
+                 f"interval [{low:.3g}, {high:.3g}]; rule: {result['rule']}.")  # fmt: skip
+    elif "rule" in result:
         line += f" Mean margin {result['mean_margin']:.3g}; rule: {result['rule']}."
     for gate in result.get("gates", []):
         gate_values = " / ".join("n/a" if v is None else f"{v:.3g}" for v in gate["per_seed"]) or "not run"
-        line += f" Gate `{gate['key']}` ({gate['text']}): {gate_values}, {'passed' if gate['passed'] else 'FAILED'}."
+        share = f", mean gain {gate['share']:.2f} of {gate['arm']}'s" if gate.get("share") is not None else ""
+        line += (f" Gate `{gate['key']}` ({gate['text']}): {gate_values}{share}, "
+                 f"{'passed' if gate['passed'] else 'FAILED'}.")  # fmt: skip
     if result.get("undefined_seeds"):
         line += f" Left out as not a number: seeds {undefined_seeds(result)} ({undefined_cause(result)})."
     if result.get("seeds_split"):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from erpo_lightning.algorithms import ALGORITHMS
-from studies.engine.claims import Claim
+from studies.engine.claims import BASE_ARM, Claim
 from studies.engine.report import RunRecord
 
 ALL_QUERIES = 100_000  # a train_sample_size meaning every training query (the sample is at most the training set)
@@ -109,11 +109,12 @@ class Study:
 
     def check(self) -> None:
         """Refuse, before any run, an arm whose `--model.algorithm` is not a preset of erpo_lightning.algorithms,
-        a default arm that is not an arm, or a claim (or gate) naming an arm the study does not define."""
+        a default arm that is not an arm, or a claim (or gate) naming an arm the study does not define (the base
+        model, BASE_ARM, is every study's)."""
         check_arms(self.arms)
         named = set(self.default_arms) | {arm for claim in self.claims for arm in (claim.method, claim.baseline)}
-        named |= {gate.arm for claim in self.claims for gate in claim.gates}
-        unknown = named - set(self.arms)
+        named |= {arm for claim in self.claims for gate in claim.gates for arm in gate.arms()}
+        unknown = named - set(self.arms) - {BASE_ARM}
         if unknown:
             raise SystemExit(f"study {self.name}: {sorted(unknown)} named but not among its arms {list(self.arms)}")
 

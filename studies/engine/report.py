@@ -23,6 +23,7 @@ import pandas as pd
 import yaml
 
 from erpo_lightning.algorithms import resolve_algorithm
+from studies.engine.claims import BASE_ARM
 
 FINAL_WINDOW = 10  # "final" training metrics: the mean over the last this many logged steps
 TRAIN_METRICS = {"Query-KL": "train/query_kl", "Policy-KL": "train/policy_kl", "entropy": "train/entropy",
@@ -263,6 +264,27 @@ def collect(records: list[RunRecord], temperatures: Sequence[float], benchmark: 
         values.setdefault("gap", []).append(after.get("train_eval_gap", np.nan))
         values.setdefault("minutes", []).append(record.seconds / 60)
     return dict(sorted(table.items(), key=lambda item: order.index(item[0])))
+
+
+def with_base_model(table: dict, base: dict, temperatures: Sequence[float], benchmark: str) -> dict:
+    """`table` with the base model's row (BASE_ARM) first: its held-out and training-sample accuracies (the same
+    columns as collect's) from its sweep `base`, repeated for every seed an arm ran (the base model is swept once),
+    so that claims and gates can pair an arm with it."""
+    seeds = sorted({seed for values in table.values() for seed in values["seed"]})
+    row: dict[str, list] = {"seed": seeds}
+    for column, suffix in temperature_columns(temperatures).items():
+        row[column] = [base[f"val/avg@k/{benchmark}/{suffix}"]] * len(seeds)
+        row[f"train {column}"] = [base.get(f"val/avg@k/{TRAIN_SAMPLE}/{suffix}", np.nan)] * len(seeds)
+    return {BASE_ARM: row, **table}
+
+
+def add_retention(table: dict, high: str, low: str) -> None:
+    """Add `retention` to every row of `table`: held-out accuracy at the `high` temperature column over the `low`
+    one's (`T=1.5`, `T=1`), a share in [0, 1] (NaN where the low one is 0)."""
+    for values in table.values():
+        values["retention"] = [
+            hot / cool if cool > 0 else np.nan for hot, cool in zip(values[high], values[low], strict=True)
+        ]
 
 
 def estimators(records: list[RunRecord]) -> dict[str, str]:

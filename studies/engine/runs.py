@@ -43,7 +43,7 @@ SWEEP_CALLBACK = "erpo_lightning.callbacks.TemperatureSweepCallback"
 
 def run_slug(arm: str) -> str:
     """A directory name for an arm label."""
-    return arm.replace(" + ", "_").replace("(", "").replace(")", "").replace("-", "_").lower()
+    return arm.replace(" + ", "_").replace("(", "").replace(")", "").replace("-", "_").replace(" ", "_").lower()
 
 
 def base_sweep(workdir: Path, base_config: str) -> dict:
