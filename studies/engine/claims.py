@@ -179,8 +179,10 @@ class Gate:
         return (self.arm,) + ((self.minus_arm,) if self.minus_arm else ())
 
     def check(self, table: dict, seeds: list[int], method: str) -> dict:
-        """The gate's per-seed values and whether it passed (False too when its arm or a seed is missing)."""
-        result = {**asdict(self), "per_seed": [], "passed": False}
+        """The gate's per-seed values and whether it passed (False too when its arm or a seed is missing); a gate
+        against no other arm records no `minus_arm` (the claims files of earlier studies keep their shape)."""
+        fields = {key: value for key, value in asdict(self).items() if key != "minus_arm" or value is not None}
+        result = {**fields, "per_seed": [], "passed": False}
         if not seeds or any(arm not in table or not set(seeds) <= set(table[arm]["seed"]) for arm in self.arms()):
             return result
         values = seed_values(table, self.arm, self.quantity, seeds)

@@ -1,10 +1,10 @@
 """The real-model study: does ERPO beat GRPO on SmolLM2-135M-Instruct? grpo, erpo, erpo_released and
-erpo_released's matched baseline (its preset without Query-KL and w(q)), seeds 0 and 1, run by the study engine
+erpo_released's matched baseline (its preset without Query-KL and w(q)), seeds 0, 1 and 2, run by the study engine
 (studies/engine/run.py) with the claims and decision rules pre-registered in studies/real_model/plan.md
 (issue 26).
 
     python -m studies.real_model --model-path "$(.venv/bin/python -m erpo_lightning.real_model)"
-    python -m studies.real_model --seeds 0 1 2 --model-path ...   # a third seed (0 and 1 are skipped)
+    python -m studies.real_model --seeds 2 --model-path ...   # one seed of the plan (finished ones are skipped)
     python -m studies.real_model --report-only       # rewrite the report from the finished runs
     python -m studies.real_model --quick             # CI smoke test: the shipped toy model, HF engine
     python -m studies.engine.compare real_model runs/real_rerun   # does a rerun confirm the claims?
@@ -45,7 +45,7 @@ ARMS: dict[str, list[str]] = {
 }  # fmt: skip
 
 STEPS = 40  # studies/real_model/plan.md, "Settings"
-FULL = StudySettings(steps=STEPS, seeds=(0, 1), temperatures=(0.6, 1.0, 1.5), eval_problems=100, eval_k=4,
+FULL = StudySettings(steps=STEPS, seeds=(0, 1, 2), temperatures=(0.6, 1.0, 1.5), eval_problems=100, eval_k=4,
                      train_sample_size=ALL_QUERIES)  # the gap on every training query  # fmt: skip
 QUICK = StudySettings(steps=2, seeds=(0,), temperatures=(0.6, 1.0, 1.5), eval_problems=8, eval_k=2,
                       train_sample_size=8)  # fmt: skip
