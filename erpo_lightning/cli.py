@@ -69,7 +69,8 @@ from erpo_lightning.checkpointing import (  # noqa: E402
 )
 from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
 from erpo_lightning.data.datamodule import check_data_settings  # noqa: E402
-from erpo_lightning.data.sources import parser_unknown_key_line  # noqa: E402
+from erpo_lightning.data.prepare import carried_columns  # noqa: E402
+from erpo_lightning.data.sources import parser_unknown_key_line, resolve_spec  # noqa: E402
 from erpo_lightning.data.step_memory import check_fit_memory  # noqa: E402
 from erpo_lightning.errors import (  # noqa: E402
     SettingsError,
@@ -84,6 +85,7 @@ from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
 from erpo_lightning.modules.settings import check_module_settings, check_trainer_precision  # noqa: E402
 from erpo_lightning.objectives import check_group_size  # noqa: E402
 from erpo_lightning.resume_config import RunConfigRecorder, check_checkpoint_model, check_resume_config  # noqa: E402
+from erpo_lightning.rewards.combined import check_reward_inputs  # noqa: E402
 from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402
 
 # Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
@@ -112,7 +114,7 @@ class ERPOArgumentParser(LightningArgumentParser):
         raise SettingsError(parser_unknown_key_line(message) or parser_error_line(message))
 
 
-class ERPOTrainer(Trainer):
+class ERPOLightningTrainer(Trainer):
     """Lightning's Trainer plus the `cache` subcommand; `validate` is the temperature sweep.
 
     `use_distributed_sampler` defaults to False: the datamodule's `QueryBatchSampler` already gives each rank its
@@ -220,7 +222,7 @@ class ERPOCLI(LightningCLI):
         self.config = parser.parse_args(_replacing_lists(_joined_negative_numbers(args)))
 
     def validate(self, **kwargs: Any) -> list[dict[str, float]]:
-        """`erpo validate`: `ERPOTrainer.validate`, sampling with the `rollout:` group's sampler."""
+        """`erpo validate`: `ERPOLightningTrainer.validate`, sampling with the `rollout:` group's sampler."""
         return self.trainer.validate(**kwargs, sampler=self._get(self.config_init, "rollout").sampler)
 
     def _parse_ckpt_path(self) -> None:
@@ -266,6 +268,7 @@ class ERPOCLI(LightningCLI):
         if ckpt_path is not None and Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
             check_resume_config(read_checkpoint(ckpt_path), config, ckpt_path)
         rollout: RolloutCallback = self._get(self.config_init, "rollout")
+        check_reward_data(rollout.sampler.reward, self.datamodule.sources)
         for callback in self.trainer.callbacks:  # a sweep samples with the rollout's sampler, in the data's format
             if isinstance(callback, TemperatureSweepCallback):
                 callback.bind(rollout.sampler, self.datamodule.prompt_format(), self.datamodule.prepare_queries)
@@ -274,6 +277,17 @@ class ERPOCLI(LightningCLI):
             self.run_lock = RunDirectoryLock(run_folders(self.trainer)).acquire()
             for stale in self.run_lock.taken_over:
                 print(f"[erpo] took over the stale lock of {stale}: that run is no longer running", flush=True)
+
+
+def check_reward_data(reward: Any, sources: list) -> None:
+    """SettingsError when the reward requires a keyword input the training data does not carry (a column no source
+    names): said before the reference cache is built, not after."""
+    if not sources:
+        return
+    try:
+        check_reward_inputs(reward, carried_columns([resolve_spec(source) for source in sources]))
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
 
 
 def first_process() -> bool:
@@ -466,7 +480,7 @@ def main(args: list[str] | None = None) -> None:
         lambda: ERPOCLI(
             ERPOModule,
             QueryDataModule,
-            trainer_class=ERPOTrainer,
+            trainer_class=ERPOLightningTrainer,
             parser_class=ERPOArgumentParser,
             save_config_kwargs={"overwrite": True},
             # Not LightningCLI's top-level `optimizer:` groups: they build the optimizer over the module's parameters

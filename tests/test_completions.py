@@ -6,7 +6,7 @@ import json
 from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 
 from erpo_lightning.callbacks.completions import SampledCompletions, markdown_table
-from erpo_lightning.cli import ERPOTrainer
+from erpo_lightning.cli import ERPOLightningTrainer
 from erpo_lightning.toy import SHIPPED_DIR
 
 ROW_KEYS = {
@@ -39,9 +39,9 @@ def test_default_run_writes_completions_with_grading(tmp_path):
 
 
 def test_configured_instance_replaces_the_default_and_zero_turns_it_off(tmp_path):
-    default = ERPOTrainer(accelerator="cpu", logger=False, max_steps=1, default_root_dir=tmp_path)
+    default = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=1, default_root_dir=tmp_path)
     assert [(c.every_n_steps, c.max_rows) for c in default.callbacks if isinstance(c, SampledCompletions)] == [(50, 8)]
-    off = ERPOTrainer(
+    off = ERPOLightningTrainer(
         accelerator="cpu", logger=False, max_steps=1, default_root_dir=tmp_path,
         callbacks=[SampledCompletions(every_n_steps=0)],
     )  # fmt: skip

@@ -94,12 +94,12 @@ def our_loss(token_logprobs, attention, response_mask, reference, old, advantage
     released = replace(ALGORITHMS["erpo_released"], query_kl_tolerance=0.0)
     total, dual = 0.0, 0.0
     for rows in torch.tensor_split(torch.arange(len(attention)), splits):
-        loss, parts = obj.rl_loss(
+        loss, stats = obj.rl_loss(
             released, response_lp[rows], old[rows], advantages[rows], response_mask[rows],
             query_lp[rows], reference[rows], query_mask[rows], leaders[rows], seq_weights=weights[rows],
             normalizers=normalizers,
         )  # fmt: skip
-        total, dual = total + loss, dual + parts["stats"]["dual_clip_frac"]
+        total, dual = total + loss, dual + stats.pg_stats["dual_clip_frac"]
     return total, dual
 
 

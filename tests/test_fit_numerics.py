@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks import RolloutCallback, TemperatureSweepCallback
-from erpo_lightning.cli import ERPOTrainer
+from erpo_lightning.cli import ERPOLightningTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.evaluation.sweep import Benchmark
@@ -42,7 +42,7 @@ def fit(model_path, data_file, root, max_steps, module, reward, callbacks=()):
     for callback in callbacks:  # wired as the erpo CLI wires them
         if isinstance(callback, TemperatureSweepCallback):
             callback.bind(rollout.sampler, data.prompt_format(), data.prepare_queries)
-    trainer = ERPOTrainer(
+    trainer = ERPOLightningTrainer(
         max_steps=max_steps, accelerator="cpu", logger=pl.loggers.CSVLogger(root), log_every_n_steps=1,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=any(
             isinstance(c, ModelCheckpoint) for c in callbacks
@@ -105,7 +105,7 @@ def test_a_tiny_dataset_and_all_truncated_responses_are_each_said_once(tiny_mode
         str(tiny_model_path), [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 1}], template="plain",
         max_prompt_length=1024, batch_size=2, cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
-    trainer = ERPOTrainer(
+    trainer = ERPOLightningTrainer(
         max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=tmp_path,  # where the default SampledCompletions writes
         callbacks=[RolloutCallback(HFEngine(), ParityReward(), group_size=2, max_new_tokens=6, seed=0)],

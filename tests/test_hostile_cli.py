@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
 from erpo_lightning.checkpointing import AtomicCheckpointIO, partial_path, resolve_resume_path
-from erpo_lightning.cli import ERPOProgressBar, ERPOTrainer, main
+from erpo_lightning.cli import ERPOLightningTrainer, ERPOProgressBar, main
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.errors import DEBUG_HINT, SettingsError, one_line, quiet_known_warnings
 from erpo_lightning.evaluation import SweepConfig
@@ -200,7 +200,7 @@ def test_a_parse_error_is_one_line_not_the_usage(config, capsys, flag, value, ex
 
 
 SOURCE_KEYS = "valid keys: name, path, hub_id, config, split, data_files, problem_field, answer_field, id_field, "
-SOURCE_KEYS += "answer_transform, limit, label, hub"
+SOURCE_KEYS += "answer_transform, limit, label, hub, columns"
 
 
 def test_a_misspelt_source_key_is_one_line_naming_it_and_the_valid_keys(config, capsys, tmp_path):
@@ -352,7 +352,7 @@ def test_rollout_callback_checks_its_settings():
 
 def test_resume_keywords(tmp_path):
     folder = tmp_path / "ckpt"
-    trainer = ERPOTrainer(
+    trainer = ERPOLightningTrainer(
         accelerator="cpu", logger=False, callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)], max_steps=1
     )
     with pytest.raises(SettingsError, match=f"'last' has nothing to resume: no last\\*.ckpt in {folder}"):
@@ -374,7 +374,9 @@ def test_resume_keywords_find_the_checkpoint_in_the_loggers_version_folder(tmp_p
 
     def trainer():
         logger = pl.loggers.CSVLogger(tmp_path / "runs", name="erpo")
-        return ERPOTrainer(accelerator="cpu", logger=logger, callbacks=[ModelCheckpoint(save_last=True)], max_steps=1)
+        return ERPOLightningTrainer(
+            accelerator="cpu", logger=logger, callbacks=[ModelCheckpoint(save_last=True)], max_steps=1
+        )
 
     pattern = tmp_path / "runs" / "erpo" / "*" / "checkpoints"
     with pytest.raises(SettingsError, match=re.escape(f"nothing to resume: no last*.ckpt in {pattern};")):
@@ -407,14 +409,14 @@ def test_atomic_checkpoint_io_replaces_whole_files_and_clears_orphans(tmp_path):
 
 def test_trainer_defaults_progress_label_and_quiet_warnings(tmp_path, monkeypatch):
     monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: True)  # the bar of a terminal
-    trainer = ERPOTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
+    trainer = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     bar = trainer.progress_bar_callback
     assert isinstance(bar, ERPOProgressBar)
     bar.setup(trainer, pl.LightningModule(), "fit")
     trainer.fit_loop.max_epochs = -1  # what `fit` sets when only max_steps bounds the run
     assert bar._get_train_description(4).strip() == "Epoch 4"  # not "Epoch 4/-2"
-    bounded = ERPOTrainer(accelerator="cpu", logger=False, max_epochs=3, default_root_dir=tmp_path)
+    bounded = ERPOLightningTrainer(accelerator="cpu", logger=False, max_epochs=3, default_root_dir=tmp_path)
     bounded.progress_bar_callback.setup(bounded, pl.LightningModule(), "fit")
     assert bounded.progress_bar_callback._get_train_description(1).strip() == "Epoch 1/2"
     quiet_known_warnings()

@@ -378,7 +378,7 @@ def test_policy_kl_is_aggregated_like_the_pg_loss(mode):
     rows = _rows()
     reference = rows["response_logprobs"].detach() + 0.3 * torch.randn(6, 5, dtype=torch.float64)
     settings = obj.LossSettings(loss_aggregation=mode, query_kl_coef=0.0, policy_kl_coef=1.0)
-    with_kl, parts = obj.rl_loss(settings, **rows, ref_response_logprobs=reference)
+    with_kl, stats = obj.rl_loss(settings, **rows, ref_response_logprobs=reference)
     without, _ = obj.rl_loss(replace(settings, policy_kl_coef=0.0), **rows)
     delta = (reference - rows["response_logprobs"].detach()).clamp(max=math.log(22.0))
     k3 = (torch.exp(delta) - delta - 1) * rows["response_mask"]
@@ -388,4 +388,22 @@ def test_policy_kl_is_aggregated_like_the_pg_loss(mode):
     else:  # mean over the 5 rows that have response tokens of each row's token mean
         expected = (k3.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / 5
     assert (with_kl - without).item() == pytest.approx(expected.item(), rel=1e-10)
-    torch.testing.assert_close(parts["policy_kl"], k3)
+    torch.testing.assert_close(stats.policy_kl, k3)
+
+
+def test_rl_loss_reports_typed_stats_with_the_leaders_query_drift():
+    rows = _rows()
+    settings = obj.LossSettings(query_kl_estimator="token_k3")
+    loss, stats = obj.rl_loss(settings, **rows)
+    assert isinstance(stats, obj.LossStats) and isinstance(stats.query_drift, obj.QueryDrift)
+    leaders = rows["is_leader"]
+    change = (rows["query_logprobs"] - rows["ref_query_logprobs"]) * rows["query_mask"]  # by hand, per row
+    torch.testing.assert_close(stats.query_drift.query_loglik_change, change.sum(-1)[leaders].detach())
+    assert stats.query_drift.query_kl.shape == (int(leaders.sum()),) and not stats.pg_loss.requires_grad
+    assert {"clip_frac_low", "clip_frac_high"} <= set(stats.pg_stats) and stats.policy_kl is None
+    assert stats.entropy is None and stats.logprob_abs_diff is None  # the trainer that ran the forward adds them
+    _, alone = obj.rl_loss(settings, **{**rows, "query_logprobs": None})  # the queries scored in a pass of their own
+    assert alone.query_drift is None
+    two = obj.QueryDrift.cat([stats.query_drift, stats.query_drift], "cpu")
+    assert two.query_kl_token_k3.shape == (2 * int(leaders.sum()),)
+    assert obj.QueryDrift.cat([], "cpu").query_kl.shape == (0,)

@@ -9,7 +9,7 @@ from helpers.fit_configs import fit_config, run_erpo, write_config
 
 from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, format_duration, headline_values, phase
 from erpo_lightning.callbacks.temperature_sweep import sweep_size
-from erpo_lightning.cli import ERPOTrainer
+from erpo_lightning.cli import ERPOLightningTrainer
 from erpo_lightning.evaluation.sweep import PreparedBenchmark, SweepConfig
 from erpo_lightning.toy import SHIPPED_DIR
 
@@ -58,7 +58,7 @@ def test_headline_values_format_the_logged_metrics():
 
 def test_terminal_bar_shows_the_headline_numbers(tmp_path, monkeypatch):
     monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: True)
-    trainer = ERPOTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
+    trainer = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
     bar = trainer.progress_bar_callback
     assert isinstance(bar, ERPOProgressBar)
     trainer.callback_metrics.update({"rollout/reward_mean": torch.tensor(0.75), "train/query_kl": torch.tensor(0.01)})
@@ -68,7 +68,7 @@ def test_terminal_bar_shows_the_headline_numbers(tmp_path, monkeypatch):
 
 def test_log_file_gets_progress_lines_and_rejects_a_bad_interval(tmp_path, monkeypatch):
     monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: False)
-    trainer = ERPOTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
+    trainer = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
     assert isinstance(trainer.progress_bar_callback, ProgressLines)
     with pytest.raises(ValueError, match="ProgressLines every_n_steps must be >= 1"):
         ProgressLines(every_n_steps=0)

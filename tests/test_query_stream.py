@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
-from erpo_lightning.cli import ERPOTrainer
+from erpo_lightning.cli import ERPOLightningTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.modules.erpo_module import ERPOModule
@@ -72,7 +72,7 @@ def run(model_path, data_file, root, max_steps, ckpt_path=None, num_queries=NUM_
         ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1, filename="{step}"),
         recorder,
     ]
-    trainer = ERPOTrainer(
+    trainer = ERPOLightningTrainer(
         max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=callbacks, default_root_dir=root,  # where the default SampledCompletions writes
     )  # fmt: skip

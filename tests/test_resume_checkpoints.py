@@ -24,7 +24,7 @@ from erpo_lightning.checkpointing import (
     partial_path,
     resolve_resume_path,
 )
-from erpo_lightning.cli import ERPOTrainer
+from erpo_lightning.cli import ERPOLightningTrainer
 from erpo_lightning.errors import SettingsError
 
 DEV_FULL = Path("/dev/full")
@@ -38,9 +38,9 @@ def fill_disk_for(target: Path) -> None:
     partial_path(target).symlink_to(DEV_FULL)
 
 
-def trainer_saving_to(folder: Path, logger=False) -> ERPOTrainer:
+def trainer_saving_to(folder: Path, logger=False) -> ERPOLightningTrainer:
     """The `erpo` trainer with one ModelCheckpoint (`save_last`) in `folder` (None: the logger's version folder)."""
-    return ERPOTrainer(
+    return ERPOLightningTrainer(
         accelerator="cpu", logger=logger, callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)], max_steps=1,
         enable_progress_bar=False,
     )  # fmt: skip

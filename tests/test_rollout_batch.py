@@ -90,6 +90,27 @@ def test_select_rows_slices_every_row_field_and_keeps_the_rest():
     assert part.temperature == 0.6
 
 
+def test_trim_columns_cuts_every_per_token_field_by_the_columns_it_declares():
+    batch = make_rollout([[1, 2], [3]], [[4], [5, 6], [7], [8, 9, 10]], [1.0, 0.0, 0.0, 1.0], 0.6)
+    batch = replace(batch, old_logprobs=torch.arange(12.0).view(4, 3))  # [N, R]: a response field
+    trimmed = batch.trim_columns(1, 2)  # drop the first prompt column and the last response column
+    assert trimmed.prompt_length == 1
+    torch.testing.assert_close(trimmed.input_ids, batch.input_ids[:, 1:4])
+    torch.testing.assert_close(trimmed.attention_mask, batch.attention_mask[:, 1:4])
+    for name in ("response_mask", "sampling_logprobs", "old_logprobs"):
+        torch.testing.assert_close(getattr(trimmed, name), getattr(batch, name)[:, :2])
+    declared = {f.name for f in fields(RolloutBatch) if "columns" in f.metadata}
+    assert declared == {"input_ids", "attention_mask", "response_mask", "sampling_logprobs", "old_logprobs"}
+
+
+def test_a_per_token_field_of_the_wrong_width_is_refused():
+    batch = make_rollout([[1, 2]], [[4], [5, 6]], [1.0, 0.0], 0.6)  # P = 2, R = 2
+    with pytest.raises(ValueError, match="old_logprobs spans 3 columns, its response columns are 2"):
+        replace(batch, old_logprobs=torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="advantages is per token .* declares no columns"):
+        replace(batch, advantages=torch.zeros(2, 2))  # a per-row field given per-token values
+
+
 @pytest.mark.parametrize("temperature", [0.0, -0.5, float("nan"), float("inf")])
 def test_a_batch_sampled_at_a_temperature_without_log_probs_is_refused(temperature):
     """T = 0 (greedy) has no sampling distribution to score the responses under: refused, not treated as greedy."""

@@ -2,7 +2,7 @@
 non-finite reward, a diverging update, empty prompts, chat prompts without a chat template and bad algorithm
 arguments are each refused with one line naming the culprit, before any weight turns NaN.
 
-The rollouts are fixed (tests/test_trl_integration.py's `fixed_rollout`), so no assertion depends on sampling.
+The rollouts are fixed (tests/helpers/trl_setup.py's `fixed_rollout`), so no assertion depends on sampling.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from test_trl_integration import PROMPTS, REWARDS, make_trainer, requires_trl
+from helpers.trl_setup import PROMPTS, REWARDS, make_trainer, requires_trl
 
 from erpo_lightning.modules.optim import NonFiniteLossError
 from erpo_lightning.tiny_qwen2 import load_tiny_model

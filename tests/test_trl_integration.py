@@ -9,9 +9,7 @@ are skipped (except the import check), and importing TRL takes a while on a CPU,
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,6 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.trl_setup import (
+    COMPLETIONS,
+    GROUP_SIZE,
+    PROMPTS,
+    REWARDS,
+    length_reward,
+    make_trainer,
+    requires_trl,
+)
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import resolve_algorithm
@@ -29,19 +36,6 @@ from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logp
 from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
-requires_trl = pytest.mark.skipif(
-    importlib.util.find_spec("trl") is None, reason="TRL is not installed (bench-only extra: pip install -e '.[trl]')"
-)
-
-GROUP_SIZE = 4
-# Prompts of different lengths (left padding) and different likelihoods under the model (w(q) differs by query).
-PROMPTS = ["Compute 7 + 8.", "What is 2 * 3? Be brief and exact.", "9 - 4?"]
-COMPLETIONS = [
-    "15<|im_end|>", "14", "it is 15<|im_end|>", "x",
-    "6<|im_end|>", "six, I think<|im_end|>", "5", "66666666",
-    "5<|im_end|>", "five", "5.0<|im_end|>", "the answer is 5",
-]  # fmt: skip
-REWARDS = [1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
 
 
 def test_import_erpo_lightning_never_imports_trl():
@@ -57,58 +51,6 @@ def test_import_erpo_lightning_never_imports_trl():
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("trl_integration") / "model", seed=0)
-
-
-def fixed_rollout(prompts, trainer):
-    """TRL `rollout_func`: COMPLETIONS for the prompts in dataset order, G per prompt (no sampling)."""
-    tokenizer = trainer.processing_class
-    assert prompts == [p for p in PROMPTS for _ in range(GROUP_SIZE)]
-    return {
-        "prompt_ids": [tokenizer(p)["input_ids"] for p in prompts],
-        "completion_ids": [tokenizer(c)["input_ids"] for c in COMPLETIONS],
-        "logprobs": None,
-    }
-
-
-def fixed_reward(prompts, completions, **_):
-    return list(REWARDS)
-
-
-def make_trainer(
-    model_path, output_dir, erpo: bool = True, fixed: bool = True, eval_prompts=None, inputs=None, **settings
-):
-    """An ERPOTrainer (or, erpo=False, TRL's GRPOTrainer) on PROMPTS; `settings` go to GRPOConfig, except Algorithm
-    fields, `algorithm` and `query_kl_scoring`, which go to ERPOTrainer; `inputs` replace trainer arguments (e.g.
-    `reward_funcs`)."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # `rollout_func` is experimental in TRL
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from erpo_lightning.integrations.trl import ALGORITHM_FIELDS, ERPOTrainer
-
-    erpo_settings = {
-        k: settings.pop(k) for k in list(settings) if k in ALGORITHM_FIELDS or k in ("algorithm", "query_kl_scoring")
-    }
-    config = dict(
-        output_dir=str(output_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
-        gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
-        max_completion_length=16, temperature=1.0, shuffle_dataset=False, logging_steps=1, disable_tqdm=True, seed=0,
-    )  # fmt: skip
-    config.update(settings)
-    model = model_path if isinstance(model_path, torch.nn.Module) else str(model_path)
-    kwargs = dict(
-        model=model, reward_funcs=fixed_reward if fixed else length_reward, args=GRPOConfig(**config),
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_byte_tokenizer(),
-        rollout_func=fixed_rollout if fixed else None,
-        eval_dataset=Dataset.from_dict({"prompt": eval_prompts}) if eval_prompts else None,
-    )  # fmt: skip
-    kwargs.update(inputs or {})
-    return ERPOTrainer(**kwargs, **erpo_settings) if erpo else GRPOTrainer(**kwargs)
-
-
-def length_reward(completions, **_):
-    """A reward that varies within groups of sampled completions."""
-    return [float(len(c) % 3 == 0) for c in completions]
 
 
 def perturb(model, scale: float = 0.05, seed: int = 1) -> None:
@@ -145,7 +87,7 @@ def gradients(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return loss.detach(), grads
 
 
-def hand_loss(trainer, model_path, inputs: dict, algorithm) -> tuple[torch.Tensor, dict]:
+def hand_loss(trainer, model_path, inputs: dict, algorithm) -> tuple[torch.Tensor, obj.LossStats]:
     """`rl_loss` with θ0 scores from a fresh copy of the initial model and w(q) made here from the algorithm."""
     tokenizer = build_byte_tokenizer()
     prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
@@ -194,8 +136,8 @@ def test_loss_and_gradients_equal_rl_loss(preset, scoring, model_path, tmp_path)
     expected_loss, expected_grads = gradients(
         trainer.model, lambda: hand_loss(trainer, model_path, inputs, algorithm)[0]
     )
-    _, parts = hand_loss(trainer, model_path, inputs, algorithm)
-    assert parts["query_kl"].min() > 1e-3, "Query-KL must be non-trivial"
+    drift = hand_loss(trainer, model_path, inputs, algorithm)[1].query_drift
+    assert drift.query_kl.min() > 1e-3, "Query-KL must be non-trivial"
     weights = inputs["erpo_query_weights"]
     assert weights.max() - weights.min() > 0.05, "w(q) must differ between queries"
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-6)
@@ -204,8 +146,8 @@ def test_loss_and_gradients_equal_rl_loss(preset, scoring, model_path, tmp_path)
     assert max(g.abs().max() for g in grads.values()) > 1e-3
     estimator = algorithm.query_kl_estimator
     logged = trainer._metrics["train"]
-    assert logged[f"query_kl/{estimator}"][-1] == pytest.approx(parts["query_kl"].mean().item(), rel=1e-4)
-    assert logged["query_kl/token_k3"][-1] == pytest.approx(parts["query_kl_token_k3"].mean().item(), rel=1e-4)
+    assert logged[f"query_kl/{estimator}"][-1] == pytest.approx(drift.query_kl.mean().item(), rel=1e-4)
+    assert logged["query_kl/token_k3"][-1] == pytest.approx(drift.query_kl_token_k3.mean().item(), rel=1e-4)
     assert {"query_kl/weight_mean", "query_kl/weight_min", "query_kl/weight_max"} <= set(logged)
 
 

@@ -1,8 +1,8 @@
 """Progress a person can watch: the step's headline numbers on the terminal's bar, or as plain lines in a log file.
 
-`erpo fit` picks one by where stderr goes (`ERPOTrainer`): a terminal gets `ERPOProgressBar` (Lightning's rich bar
-with the numbers below beside it); a file or a pipe, as under SLURM or nohup, gets `ProgressLines`, one plain line
-every N steps, since a bar redrawn with carriage returns leaves nothing readable in a log. Long phases (the
+`erpo fit` picks one by where stderr goes (`ERPOLightningTrainer`): a terminal gets `ERPOProgressBar` (Lightning's
+rich bar with the numbers below beside it); a file or a pipe, as under SLURM or nohup, gets `ProgressLines`, one plain
+line every N steps, since a bar redrawn with carriage returns leaves nothing readable in a log. Long phases (the
 rollout engine's start-up, a temperature sweep) print a start line with their size and an end line with their
 duration through `phase`.
 """

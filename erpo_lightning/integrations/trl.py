@@ -37,8 +37,8 @@ from erpo_lightning.integrations.trl_guards import (
     prompt_problem,
     reward_problem,
 )
-from erpo_lightning.logprobs import position_ids_from_mask, sequence_logprobs
-from erpo_lightning.modules.query_pass import exact_query_kl, unique_prompts
+from erpo_lightning.logprobs import position_ids_from_mask
+from erpo_lightning.modules.query_pass import exact_query_kl, step_query_weights, unique_prompts
 from erpo_lightning.modules.settings import QueryKLScoring
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]
@@ -240,22 +240,18 @@ class ERPOTrainer(GRPOTrainer):
         """[N] w(q) of each row's query (`objectives.query_weights` with the algorithm's source, norm and clip), or
         None when it is not applied and would cost a forward. A dataset-static w(q) is read from the table made in
         `__init__`."""
-        algorithm, device = self.algorithm, prompt_ids.device
+        device = prompt_ids.device
         if self._query_weight_table is not None:
             return self._query_weight_table[rows].to(device)
-        if algorithm.query_weight_source == "current":  # one no-grad forward over each distinct prompt
-            if not algorithm.use_query_weights:
-                return None
-            distinct, inverse = rows.unique(return_inverse=True)
-            first = torch.zeros(len(distinct), dtype=torch.long).scatter_(0, inverse, torch.arange(len(rows)))
-            ids, mask = prompt_ids[first.to(device)], prompt_mask[first.to(device)]
-            logprobs = sequence_logprobs(self.accelerator.unwrap_model(self.model), ids, mask)
-            nll = -(logprobs * obj.query_token_mask(mask, ids.shape[1])).sum(-1)[inverse.to(device)]
-        else:
-            nll = self.reference_cache.nll[rows].to(device)
-        # s̄ over the step's queries on all processes
-        totals = self.accelerator.reduce(torch.stack([nll[is_leader].sum(), is_leader.sum().float()]), "sum")
-        return obj.query_weights(nll, totals[0] / totals[1], algorithm.query_weight_clip)
+        distinct, inverse = rows.unique(return_inverse=True)  # each query once; s̄ counts it once per group it leads
+        first = torch.zeros(len(distinct), dtype=torch.long).scatter_(0, inverse, torch.arange(len(rows))).to(device)
+        groups = torch.bincount(inverse[is_leader.cpu()], minlength=len(distinct))
+        weights = step_query_weights(
+            self.algorithm, self.accelerator.unwrap_model(self.model), prompt_ids[first], prompt_mask[first],
+            self.reference_cache.nll[distinct].to(device), groups.to(device),
+            lambda total: self.accelerator.reduce(total, "sum"),
+        )  # fmt: skip
+        return None if weights is None else weights[inverse.to(device)]
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -326,7 +322,7 @@ class ERPOTrainer(GRPOTrainer):
             name: inputs[f"erpo_count_{name}"] for name in ("tokens", "sequences", "queries", "query_tokens")
         }
         exact = self.query_kl_scoring == "exact"
-        loss, parts = obj.rl_loss(
+        loss, stats = obj.rl_loss(
             self.algorithm, response_lp, response_lp.detach() if old is None else old, inputs["advantages"],
             completion_mask, None if exact else query_lp, inputs["erpo_ref_query_logprobs"], query_mask,
             inputs["erpo_is_leader"],
@@ -337,23 +333,24 @@ class ERPOTrainer(GRPOTrainer):
             leaders = inputs["erpo_is_leader"]
             group = self.num_generations if self.model.training else self.num_generations_eval
             with self.accelerator.autocast():  # the cache's dtype: it was scored under the same autocast
-                term, query_parts = exact_query_kl(
+                term, drift = exact_query_kl(
                     model, unique_prompts(prompt_ids, prompt_mask, leaders), inputs["erpo_cache_rows"][leaders].cpu(),
                     group, self.reference_cache, self.algorithm, normalizers, None,
                     lambda count: int(self.accelerator.reduce(torch.tensor(count, device=prompt_ids.device), "max")),
                     self.max_completion_length,
                 )  # fmt: skip
-            loss, parts = loss + term, {**parts, **query_parts}
-        self._log_loss_metrics(parts, out.entropy, completion_mask, width)
+            loss, stats = loss + term, replace(stats, query_drift=drift)
+        self._log_loss_metrics(stats, out.entropy, completion_mask, width)
         return loss * (self.accelerator.num_processes if self.model.training else 1)
 
     @torch.no_grad()
-    def _log_loss_metrics(self, parts: dict, entropy, completion_mask, width: int) -> None:
+    def _log_loss_metrics(self, stats: obj.LossStats, entropy, completion_mask, width: int) -> None:
         """Query-KL (the run's estimator and the token_k3 yardstick: mean over the micro-batch's group leaders on all
         processes; TRL averages the micro-batches between two logs) and TRL's entropy and clip-ratio metrics."""
         mode = "train" if self.model.training else "eval"
         estimator = self.algorithm.query_kl_estimator
-        values = {f"query_kl/{estimator}": parts["query_kl"], "query_kl/token_k3": parts["query_kl_token_k3"]}
+        drift = stats.query_drift
+        values = {f"query_kl/{estimator}": drift.query_kl, "query_kl/token_k3": drift.query_kl_token_k3}
         for name, per_query in values.items():
             totals = self.accelerator.reduce(
                 torch.stack([per_query.sum(), per_query.new_tensor(float(per_query.numel()))]), "sum"
@@ -368,7 +365,7 @@ class ERPOTrainer(GRPOTrainer):
                 (self.accelerator.reduce((response_entropy * real).sum(), "sum") / counts).item()
             )
         for name, key in (("clip_ratio/low_mean", "clip_frac_low"), ("clip_ratio/high_mean", "clip_frac_high")):
-            local = parts["stats"][key] * real.sum()
+            local = stats.pg_stats[key] * real.sum()
             self._metrics[mode][name].append((self.accelerator.reduce(local, "sum") / counts).item())
 
 

@@ -25,13 +25,12 @@ from erpo_lightning.logprobs import (
     causal_lm_logits,
     prompt_response_logprobs_and_entropy,
     response_logprobs,
-    sequence_logprobs,
 )
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
-from erpo_lightning.modules.query_pass import exact_query_kl, unique_prompts
+from erpo_lightning.modules.query_pass import exact_query_kl, step_query_weights, unique_prompts
 from erpo_lightning.modules.settings import Dtype, QueryKLScoring, check_module_settings, check_trainer_precision
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.modules.step_metrics import (
@@ -292,20 +291,15 @@ class ERPOModule(L.LightningModule):
         prompts before the step: the released code's `prepare_backward_batch`). None when w(q) is not applied and
         would cost that forward; otherwise it is computed (and logged) even when not applied.
         """
-        algorithm, leaders, width = self.algorithm, batch.is_group_leader, batch.prompt_length
-        if algorithm.static_query_weights:
+        if self.algorithm.static_query_weights:
             return batch.query_weights
-        if algorithm.query_weight_source == "current":
-            if not algorithm.use_query_weights:
-                return None
-            prompt_ids, prompt_mask = batch.input_ids[leaders, :width], batch.attention_mask[leaders, :width]
-            logprobs = sequence_logprobs(self.policy, prompt_ids, prompt_mask)
-            nll = -(logprobs * obj.query_token_mask(prompt_mask, width)).sum(-1)
-        else:
-            nll = batch.reference_nll[leaders]
-        mean_nll = self._global_sum(nll.sum()) / self._global_sum(len(nll))
-        weights = obj.query_weights(nll, mean_nll, algorithm.query_weight_clip)
-        return weights.repeat_interleave(batch.group_size)
+        leaders, width = batch.is_group_leader, batch.prompt_length
+        reference = None if batch.reference_nll is None else batch.reference_nll[leaders]
+        weights = step_query_weights(
+            self.algorithm, self.policy, batch.input_ids[leaders, :width], batch.attention_mask[leaders, :width],
+            reference, torch.ones(int(leaders.sum()), device=self.device), self._global_sum,
+        )  # fmt: skip
+        return None if weights is None else weights.repeat_interleave(batch.group_size)
 
     # --------------------------------------------------------------------------------------------- the RL update
     def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
@@ -315,7 +309,9 @@ class ERPOModule(L.LightningModule):
         """(micro-batch, real) pairs within the token budget, as many on every rank (see `distributed`)."""
         return rank_aligned_micro_batches(self._trainer, batch, self.hparams.micro_batch_tokens, self.device)
 
-    def _micro_loss(self, micro: RolloutBatch, normalizers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    def _micro_loss(
+        self, micro: RolloutBatch, normalizers: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, obj.LossStats]:
         """Loss of one micro-batch (`objectives.rl_loss`), already divided by the global counts of its step."""
         prompt_length = micro.prompt_length
         # One forward scores the prompt (at T = 1, for Query-KL) and the response (at the temperature it was sampled
@@ -338,17 +334,16 @@ class ERPOModule(L.LightningModule):
         else:  # scored alone by _optimizer_step's query pass
             query_lp = None
         # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
-        loss, parts = obj.rl_loss(
+        loss, stats = obj.rl_loss(
             self.algorithm, response_lp, old, micro.advantages, micro.response_mask,
             query_lp, reference, query_mask, micro.is_group_leader,
             seq_weights=micro.query_weights if self.algorithm.use_query_weights else None,
             constant=self.hparams.loss_constant or micro.max_new_tokens, normalizers=normalizers,
             ref_response_logprobs=ref_response,
         )  # fmt: skip
-        if on_policy:  # this forward is the trainer's view of the sampled tokens before any update: free check
-            parts["logprob_abs_diff"] = (old - micro.sampling_logprobs).abs()
-        parts["entropy"] = entropy[:, prompt_length:]
-        return loss, parts
+        # On policy, this forward is the trainer's view of the sampled tokens before any update: a free check.
+        difference = (old - micro.sampling_logprobs).abs() if on_policy else None
+        return loss, replace(stats, entropy=entropy[:, prompt_length:], logprob_abs_diff=difference)
 
     def _optimizer_step(self, batch: RolloutBatch) -> None:
         """Forward/backward every micro-batch of `batch` (one optimizer step's rows), then step."""
@@ -360,12 +355,12 @@ class ERPOModule(L.LightningModule):
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
         step_sums = torch.zeros(2, device=self.device)  # (loss, pg_loss): micro-batches hold shares of the step's
-        query_parts = None
+        query_drift = None
         if self.hparams.query_kl_scoring == "exact":
             # First: under FSDP2 a forward without backward (Query-KL not optimised) leaves the root's weights
             # gathered, and the micro-batches' backward below is what reshards them before the optimizer step.
             leaders, width = batch.is_group_leader, batch.prompt_length
-            query_term, query_parts = exact_query_kl(
+            query_term, query_drift = exact_query_kl(
                 self.policy, unique_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width], leaders),
                 batch.query_index[leaders], batch.group_size, self.reference_cache, self.algorithm, normalizers,
                 lambda term: self.manual_backward(term * scale),
@@ -375,12 +370,12 @@ class ERPOModule(L.LightningModule):
             step_sums[0] += query_term
         recorded = []
         for micro, real in self._micro_batches(batch):
-            loss, parts = self._micro_loss(micro, normalizers)
+            loss, stats = self._micro_loss(micro, normalizers)
             # Even a non-finite loss goes through backward: every rank must run the same collectives.
             self.manual_backward(loss * (scale if real else 0.0))
             if real:
-                step_sums += torch.stack([loss.detach(), parts["pg_loss"]])
-                recorded.append((micro, parts))
+                step_sums += torch.stack([loss.detach(), stats.pg_loss])
+                recorded.append((micro, stats))
         step_loss, step_pg_loss = self._global_sum(step_sums)  # the whole step's values, equal on every rank
         where = f"global step {self.global_step} (epoch {self.current_epoch})"
         finite = self.guard.finite("loss", step_loss, where)
@@ -392,10 +387,10 @@ class ERPOModule(L.LightningModule):
             self.train_metrics["loss"].update(step_loss)
             self.train_metrics["pg_loss"].update(step_pg_loss)
             self.train_metrics["grad_norm"].update(grad_norm)
-            for micro, parts in recorded:
-                update_micro_metrics(self.train_metrics, micro, parts)
-            if query_parts is not None:
-                update_query_metrics(self.train_metrics, query_parts)
+            for micro, stats in recorded:
+                update_micro_metrics(self.train_metrics, micro, stats)
+            if query_drift is not None:
+                update_query_metrics(self.train_metrics, query_drift)
         if finite and self.hparams.skip_zero_signal_steps and grad_norm == 0:
             self._skip_zero_signal_step()
         elif finite:

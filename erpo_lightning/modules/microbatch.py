@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
 import torch
 
@@ -30,16 +29,7 @@ def trim_padding(batch: RolloutBatch) -> RolloutBatch:
     first = int(prompt_real[0]) if len(prompt_real) else prompt_length - 1
     response_real = batch.response_mask.any(0).nonzero()
     response_width = int(response_real[-1]) + 1 if len(response_real) else 1
-    end = prompt_length + response_width
-    return replace(
-        batch,
-        input_ids=batch.input_ids[:, first:end],
-        attention_mask=batch.attention_mask[:, first:end],
-        response_mask=batch.response_mask[:, :response_width],
-        sampling_logprobs=batch.sampling_logprobs[:, :response_width],
-        old_logprobs=None if batch.old_logprobs is None else batch.old_logprobs[:, :response_width],
-        prompt_length=prompt_length - first,
-    )
+    return batch.trim_columns(first, response_width)
 
 
 def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[RolloutBatch]:

@@ -1,4 +1,5 @@
-"""Query-KL on an optimizer step's unique queries, scored alone in the reference cache's layout.
+"""An optimizer step's queries: Query-KL on its unique queries, scored alone in the reference cache's layout, and
+their per-step weights w(q) (`step_query_weights`, shared by ERPOModule and the TRL integration).
 
 The default way `ERPOModule` computes Query-KL (`query_kl_scoring: exact`). The queries are scored in the blocks the
 cache was built in (`data.query_scoring`), so at θ0 each query token's log-ratio is exactly 0 in any precision and
@@ -15,6 +16,7 @@ import torch
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.query_scoring import score_block
+from erpo_lightning.logprobs import sequence_logprobs
 
 
 def unique_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, is_leader: torch.Tensor) -> list[list[int]]:
@@ -44,7 +46,7 @@ def exact_query_kl(
     backward: Callable[[torch.Tensor], None] | None,
     most_blocks: Callable[[int], int],
     constant: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, obj.QueryDrift]:
     """Score the step's unique queries block by block; when Query-KL is optimised (α > 0), α · its term.
 
     Every rank runs as many blocks (filler blocks, weighted 0, on ranks with fewer; a rank or micro-batch may hold no
@@ -61,8 +63,8 @@ def exact_query_kl(
         most_blocks: this rank's block count in, the largest over ranks out.
         constant: Dr. GRPO's normaliser, when the PG loss uses `seq_sum_constant`.
     Returns:
-        α · the Query-KL term on this rank's queries (detached when `backward` is given), and the parts
-        `objectives.query_kl_parts` names, one value per query ([Q] each).
+        α · the Query-KL term on this rank's queries (detached when `backward` is given), and their drift
+        (`objectives.QueryDrift`, one value per query).
     """
     if cache.layout is None:
         raise ValueError(
@@ -98,6 +100,40 @@ def exact_query_kl(
             term_sum = term_sum + term
         if real:
             recorded.append(obj.query_kl_parts(algorithm, current.detach(), reference, mask))
-    names = ("query_kl", "query_kl_token_k3", "query_loglik_change")  # `objectives.query_kl_parts`'
-    parts = {name: torch.cat([part[name] for part in recorded] or [torch.zeros(0, device=device)]) for name in names}
-    return term_sum, parts
+    return term_sum, obj.QueryDrift.cat(recorded, device)
+
+
+@torch.no_grad()
+def step_query_weights(
+    algorithm: obj.LossSettings,
+    policy: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    reference_nll: torch.Tensor | None,
+    groups: torch.Tensor,
+    global_sum: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor | None:
+    """w(q) of Q queries of one optimizer step when it depends on the step (not `Algorithm.static_query_weights`):
+    `objectives.query_weights(s(q), s̄, clip)` with the algorithm's `query_weight_source` and `query_weight_clip`.
+
+    s(q) is the carried reference NLL, or the current policy's summed NLL of the prompt (one no-grad forward: the
+    released code's); s̄ is the mean of s(q) over the step's groups on all ranks.
+
+    Args:
+        prompt_ids, prompt_mask: [Q, P] the queries' left-padded prompts (read only for the `current` source).
+        reference_nll: [Q] s(q) under θ0 (nats), for the `reference` source.
+        groups: [Q] how many of this rank's groups each query leads (its weight in s̄; 1 each for group leaders).
+        global_sum: sums a tensor over all ranks (the identity on one process).
+    Returns:
+        [Q] w(q), or None with the `current` source when w(q) is not applied (it would cost the forward).
+    """
+    if algorithm.query_weight_source == "current":
+        if not algorithm.use_query_weights:
+            return None
+        logprobs = sequence_logprobs(policy, prompt_ids, prompt_mask)
+        nll = -(logprobs * obj.query_token_mask(prompt_mask, prompt_ids.shape[1])).sum(-1)
+    else:
+        nll = reference_nll
+    groups = groups.to(nll)
+    totals = global_sum(torch.stack([(nll * groups).sum(), groups.sum()]))
+    return obj.query_weights(nll, totals[0] / totals[1], algorithm.query_weight_clip)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torchmetrics import MaxMetric, MinMetric
 
+from erpo_lightning.objectives import LossStats, QueryDrift
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
 
@@ -25,24 +26,24 @@ def build_train_metrics() -> torch.nn.ModuleDict:
     return metrics
 
 
-def update_query_metrics(metrics: torch.nn.ModuleDict, parts: dict) -> None:
-    """Add per-query values ([Q] each) as `objectives.query_kl_parts` names them."""
+def update_query_metrics(metrics: torch.nn.ModuleDict, drift: QueryDrift) -> None:
+    """Add the per-query values of a step's queries, each under its field's name."""
     for name in ("query_kl", "query_kl_token_k3", "query_loglik_change"):
-        metrics[name].update(parts[name])
+        metrics[name].update(getattr(drift, name))
 
 
-def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, parts: dict) -> None:
-    """Add one micro-batch: `parts` as `objectives.rl_loss` returns them (plus `entropy`, `logprob_abs_diff`); its
-    per-query parts only when the micro-batch's forward scored the queries (`query_kl_scoring: shared_forward`)."""
+def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, stats: LossStats) -> None:
+    """Add one micro-batch's `LossStats` (with its entropy); the queries' drift only when the micro-batch's forward
+    scored the queries (`query_kl_scoring: shared_forward`)."""
     response_mask = micro.response_mask
-    if "query_kl" in parts:
-        update_query_metrics(metrics, parts)
-    metrics["entropy"].update(parts["entropy"], response_mask)
-    for name in ("policy_kl", "logprob_abs_diff"):
-        if name in parts:
-            metrics[name].update(parts[name], response_mask)
+    if stats.query_drift is not None:
+        update_query_metrics(metrics, stats.query_drift)
+    metrics["entropy"].update(stats.entropy, response_mask)
+    for name, per_token in (("policy_kl", stats.policy_kl), ("logprob_abs_diff", stats.logprob_abs_diff)):
+        if per_token is not None:
+            metrics[name].update(per_token, response_mask)
     tokens = response_mask.sum()
-    for name, value in parts["stats"].items():  # token means: weight by this micro-batch's token count
+    for name, value in stats.pg_stats.items():  # token means: weight by this micro-batch's token count
         metrics[name].update(value, tokens)
     metrics["advantage_mean"].update(micro.advantages)
     if micro.query_weights is None:

@@ -40,6 +40,8 @@ from erpo_lightning.objectives.kl import (
 )
 from erpo_lightning.objectives.loss import (
     LossSettings,
+    LossStats,
+    QueryDrift,
     loss_normalizers,
     query_kl_loss,
     query_kl_parts,
@@ -67,7 +69,9 @@ __all__ = [
     "KLClampMode",
     "KLKind",
     "LossSettings",
+    "LossStats",
     "QueryKLAggregation",
+    "QueryDrift",
     "QueryKLEstimator",
     "QueryWeightNorm",
     "QueryWeightSource",

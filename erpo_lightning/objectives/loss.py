@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -18,6 +18,50 @@ from erpo_lightning.objectives.kl import (
     query_kl_tolerance_for,
 )
 from erpo_lightning.objectives.policy import AggregationMode, aggregate, policy_gradient_loss
+
+
+@dataclass(frozen=True)
+class QueryDrift:
+    """How far a step's unique queries moved from θ0, one value per query ([Q] each, no gradient, no tolerance).
+
+    Attributes:
+        query_kl: the run's Query-KL estimator.
+        query_kl_token_k3: token_k3 with the released ±10 value clamp, the same for every run (a common yardstick).
+        query_loglik_change: ℓθ(q) − ℓθ0(q), nats: positive when the query became more likely.
+    """
+
+    query_kl: torch.Tensor
+    query_kl_token_k3: torch.Tensor
+    query_loglik_change: torch.Tensor
+
+    @staticmethod
+    def cat(drifts: list[QueryDrift], device: torch.device | str) -> QueryDrift:
+        """The queries of several drifts, in order (no query at all: empty tensors on `device`)."""
+        return QueryDrift(*(torch.cat([getattr(d, f.name) for d in drifts] or [torch.zeros(0, device=device)])
+                            for f in fields(QueryDrift)))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """What `rl_loss` reports besides the loss, no gradient.
+
+    Attributes:
+        pg_loss: scalar, the policy-gradient term.
+        pg_stats: `policy_gradient_loss`'s statistics (clip fractions, ratio mean, approximate KL), scalar token
+            means of this batch, by name.
+        query_drift: the queries' drift, when this forward scored them (None when a forward of their own did).
+        policy_kl: [N, R] per-token Policy-KL, 0 on padding (None without reference log-probs).
+        entropy: [N, R] the policy's per-token entropy (nats) on the responses; logprob_abs_diff: [N, R]
+            |trainer − sampler| log-prob of each sampled token, from an on-policy forward. Both are added by the
+            trainer that ran the forward (None from `rl_loss`).
+    """
+
+    pg_loss: torch.Tensor
+    pg_stats: dict[str, torch.Tensor]
+    query_drift: QueryDrift | None = None
+    policy_kl: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    logprob_abs_diff: torch.Tensor | None = None
 
 
 def query_token_mask(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
@@ -132,11 +176,11 @@ def rl_loss(
     constant: float | None = None,
     normalizers: dict[str, torch.Tensor] | None = None,
     ref_response_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict]:
+) -> tuple[torch.Tensor, LossStats]:
     """The whole loss of [prompt; response] rows: weighted PG + α · Query-KL (+ β · Policy-KL).
 
     With `query_logprobs` None the Query-KL term is left out, for a caller that scores the queries in a forward of
-    their own (`query_kl_loss` on it) and its parts are not returned.
+    their own (`query_kl_loss` on it), and no query drift is reported.
 
     Args:
         response_logprobs, old_logprobs, response_mask: [N, R] (see `policy_gradient_loss`); advantages: [N].
@@ -147,11 +191,7 @@ def rl_loss(
         normalizers: global counts as `loss_normalizers` names them; None = this batch's own.
         ref_response_logprobs: [N, R] reference-model log-probs of the responses for Policy-KL, or None.
     Returns:
-        loss (scalar) and parts (no gradient): `pg_loss` (scalar), `query_kl` ([Q] per-query values of the run's
-        estimator, without the tolerance), `query_kl_token_k3` ([Q], token_k3 with the released ±10 value clamp: a
-        common yardstick), `query_loglik_change` ([Q] ℓθ(q) − ℓθ0(q), the summed log-likelihood change of each
-        query: positive when the query became more likely),
-        `policy_kl` ([N, R] per-token values, when a reference is given), `stats` (`policy_gradient_loss`'s).
+        loss (scalar) and its `LossStats` (the queries' drift over the Q group leaders).
     """
     s = settings
     if normalizers is None:
@@ -169,7 +209,7 @@ def rl_loss(
         constant,
         normalizers["tokens"] if token_mode else sequences,
     )
-    loss, parts = pg_loss, {"pg_loss": pg_loss.detach(), "stats": stats}
+    loss, drift, policy_kl_tokens = pg_loss, None, None
     if query_logprobs is not None:
         leaders = (query_logprobs[is_leader], ref_query_logprobs[is_leader], query_mask[is_leader])
         if s.query_kl_aggregation == "per_query":
@@ -177,7 +217,7 @@ def rl_loss(
         else:  # like the PG loss: every row's prompt tokens, one row each
             query_kl_term = query_kl_loss(s, query_logprobs, ref_query_logprobs, query_mask, normalizers, constant)
         loss = loss + s.query_kl_coef * query_kl_term
-        parts.update(query_kl_parts(s, *leaders))
+        drift = query_kl_parts(s, *leaders)
     if ref_response_logprobs is not None:
         real = response_mask.bool()
         current = torch.where(real, response_logprobs, ref_response_logprobs)  # δ = 0 on padding: no inf there
@@ -186,8 +226,8 @@ def rl_loss(
             normalizer = normalizers["tokens"] if token_mode else sequences
             policy_kl = aggregate(per_token_kl, response_mask, s.loss_aggregation, None, constant, normalizer)
             loss = loss + s.policy_kl_coef * policy_kl
-        parts["policy_kl"] = torch.where(real, per_token_kl.detach(), 0.0)
-    return loss, parts
+        policy_kl_tokens = torch.where(real, per_token_kl.detach(), 0.0)
+    return loss, LossStats(pg_loss.detach(), stats, drift, policy_kl_tokens)
 
 
 def query_kl_loss(
@@ -231,15 +271,13 @@ def query_kl_loss(
 @torch.no_grad()
 def query_kl_parts(
     settings: LossSettings, query_logprobs: torch.Tensor, ref_query_logprobs: torch.Tensor, query_mask: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """What the step logs of its unique queries ([Q, L] each), without the tolerance: `query_kl` ([Q] the run's
-    estimator), `query_kl_token_k3` ([Q] token_k3 with the released ±10 value clamp: a common yardstick) and
-    `query_loglik_change` ([Q] ℓθ(q) − ℓθ0(q): positive when the query became more likely)."""
+) -> QueryDrift:
+    """The drift of a step's unique queries from their [Q, L] log-probs now and under θ0 and their scored tokens."""
     s, leaders = settings, (query_logprobs, ref_query_logprobs, query_mask)
-    return {
-        "query_kl": per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp),
-        "query_kl_token_k3": per_query_kl(*leaders, "token_k3", "value", DEFAULT_KL_CLAMP),
-        "query_loglik_change": torch.where(
+    return QueryDrift(
+        query_kl=per_query_kl(*leaders, s.query_kl_estimator, s.kl_clamp_mode, s.kl_clamp),
+        query_kl_token_k3=per_query_kl(*leaders, "token_k3", "value", DEFAULT_KL_CLAMP),
+        query_loglik_change=torch.where(
             query_mask.bool(), query_logprobs - ref_query_logprobs.to(query_logprobs), 0.0
         ).sum(-1),
-    }
+    )

@@ -11,16 +11,27 @@ a constant of the query (`Algorithm.static_query_weights`), w(q) itself, made on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
 
 import torch
 
 from erpo_lightning.rollout.engine import TEMPERATURE_RANGE, Sample, is_sampling_temperature
 
+Columns = Literal["sequence", "response"]  # what the second dimension of a per-token field spans: P+R or R columns
+
+
+def per_token(columns: Columns, optional: bool = False):
+    """A per-token field of RolloutBatch: [N, P+R] (`sequence`) or [N, R] (`response`), cut by `trim_columns`."""
+    metadata = {"columns": columns}
+    return field(default=None, metadata=metadata) if optional else field(metadata=metadata)
+
 
 @dataclass
 class RolloutBatch:
     """The rows one training step learns from. Every tensor field is per row, [N, ...]; `select_rows` slices them.
+    A per-token field declares the columns it spans (`per_token`), so that `trim_columns` cuts every such field and
+    construction refuses a 2-D field that declares none or one of the wrong width.
 
     Filled by the rollout (`assemble_batch`):
         input_ids: [N, P+R] long, `[prompt; response]` token ids.
@@ -52,10 +63,10 @@ class RolloutBatch:
             the current forward, detached, is the old policy).
     """
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    sampling_logprobs: torch.Tensor
+    input_ids: torch.Tensor = per_token("sequence")
+    attention_mask: torch.Tensor = per_token("sequence")
+    response_mask: torch.Tensor = per_token("response")
+    sampling_logprobs: torch.Tensor = per_token("response")
     rewards: torch.Tensor
     query_index: torch.Tensor
     truncated: torch.Tensor
@@ -67,7 +78,7 @@ class RolloutBatch:
     reference_nll: torch.Tensor | None = None
     query_weights: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
-    old_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = per_token("response", optional=True)
 
     def __post_init__(self) -> None:
         if not is_sampling_temperature(self.temperature):
@@ -75,6 +86,22 @@ class RolloutBatch:
         if self.is_group_leader is None:
             rows = torch.arange(self.num_rows, device=self.input_ids.device)
             self.is_group_leader = rows % self.group_size == 0
+        self._check_columns()
+
+    def _check_columns(self) -> None:
+        """Every 2-D tensor field declares its columns, and spans them: P+R for `sequence`, R for `response`."""
+        widths = {"sequence": self.input_ids.shape[1], "response": self.response_mask.shape[1]}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if not torch.is_tensor(value) or value.dim() < 2:
+                continue
+            columns = item.metadata.get("columns")
+            if columns is None:
+                raise TypeError(f"RolloutBatch.{item.name} is per token ({list(value.shape)}) but declares no columns: "
+                                "declare it with per_token(...) so that trim_columns cuts it")  # fmt: skip
+            if value.shape[1] != widths[columns]:
+                raise ValueError(f"RolloutBatch.{item.name} spans {value.shape[1]} columns, its {columns} columns are "
+                                 f"{widths[columns]}")  # fmt: skip
 
     @property
     def num_rows(self) -> int:
@@ -84,6 +111,15 @@ class RolloutBatch:
     def select_rows(self, rows: torch.Tensor) -> RolloutBatch:
         """The rows `rows` (a LongTensor of row indices) of every per-row field; the other fields kept."""
         return replace(self, **{name: value[rows] for name, value in self._tensors().items()})
+
+    def trim_columns(self, first: int, response_width: int) -> RolloutBatch:
+        """Every per-token field cut to sequence columns [first, prompt_length + response_width) and response columns
+        [0, response_width); `prompt_length` follows."""
+        end = self.prompt_length + response_width
+        cuts = {"sequence": slice(first, end), "response": slice(0, response_width)}
+        trimmed = {item.name: getattr(self, item.name)[:, cuts[item.metadata["columns"]]] for item in fields(self)
+                   if "columns" in item.metadata and getattr(self, item.name) is not None}  # fmt: skip
+        return replace(self, **trimmed, prompt_length=self.prompt_length - first)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """Every tensor field on `device`."""
@@ -107,6 +143,10 @@ class QueryBatch:
             (`Algorithm.static_query_weights`), read from the table made once at set-up
             (`Algorithm.query_weight_table`); None otherwise (the module makes it per optimizer step).
         rollout: the step's `RolloutBatch`, attached by the RolloutCallback before `training_step`; None before.
+        problems: B problem texts, as the source gives them (offered to the reward as `problems`); None when not
+            carried.
+        data_columns: the extra data columns the sources name (`SourceSpec.columns`): name -> B values, offered to
+            the reward by name; None when not carried.
     """
 
     query_index: torch.Tensor
@@ -115,6 +155,8 @@ class QueryBatch:
     reference_nll: torch.Tensor | None = None
     query_weights: torch.Tensor | None = None
     rollout: RolloutBatch | None = None
+    problems: list[str] | None = None
+    data_columns: dict[str, list] | None = None
 
 
 def assemble_batch(

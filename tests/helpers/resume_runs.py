@@ -6,7 +6,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
 from erpo_lightning.checkpointing import AtomicCheckpointIO
-from erpo_lightning.cli import ERPOTrainer, main
+from erpo_lightning.cli import ERPOLightningTrainer, main
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
@@ -48,7 +48,7 @@ def run(
         *extra_callbacks,
     ]
     # The `erpo` command's trainer: its checkpoints are written by AtomicCheckpointIO (temporary file, then rename).
-    trainer = ERPOTrainer(
+    trainer = ERPOLightningTrainer(
         max_steps=max_steps, accelerator="cpu", logger=logger, log_every_n_steps=log_every_n_steps,
         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
     )  # fmt: skip

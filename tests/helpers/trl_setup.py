@@ -1,0 +1,79 @@
+"""The TRL integration tests' shared set-up: fixed prompts, completions and rewards, and an `ERPOTrainer` (or TRL's
+`GRPOTrainer`) on them, so that no assertion depends on sampling (tests/test_trl_integration.py,
+tests/test_trl_hostile.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+
+requires_trl = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None, reason="TRL is not installed (bench-only extra: pip install -e '.[trl]')"
+)
+
+GROUP_SIZE = 4
+# Prompts of different lengths (left padding) and different likelihoods under the model (w(q) differs by query).
+PROMPTS = ["Compute 7 + 8.", "What is 2 * 3? Be brief and exact.", "9 - 4?"]
+COMPLETIONS = [
+    "15<|im_end|>", "14", "it is 15<|im_end|>", "x",
+    "6<|im_end|>", "six, I think<|im_end|>", "5", "66666666",
+    "5<|im_end|>", "five", "5.0<|im_end|>", "the answer is 5",
+]  # fmt: skip
+REWARDS = [1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def fixed_rollout(prompts, trainer):
+    """TRL `rollout_func`: COMPLETIONS for the prompts in dataset order, G per prompt (no sampling)."""
+    tokenizer = trainer.processing_class
+    assert prompts == [p for p in PROMPTS for _ in range(GROUP_SIZE)]
+    return {
+        "prompt_ids": [tokenizer(p)["input_ids"] for p in prompts],
+        "completion_ids": [tokenizer(c)["input_ids"] for c in COMPLETIONS],
+        "logprobs": None,
+    }
+
+
+def fixed_reward(prompts, completions, **_):
+    return list(REWARDS)
+
+
+def make_trainer(
+    model_path, output_dir, erpo: bool = True, fixed: bool = True, eval_prompts=None, inputs=None, **settings
+):
+    """An ERPOTrainer (or, erpo=False, TRL's GRPOTrainer) on PROMPTS; `settings` go to GRPOConfig, except Algorithm
+    fields, `algorithm` and `query_kl_scoring`, which go to ERPOTrainer; `inputs` replace trainer arguments (e.g.
+    `reward_funcs`)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # `rollout_func` is experimental in TRL
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from erpo_lightning.integrations.trl import ALGORITHM_FIELDS, ERPOTrainer
+
+    erpo_settings = {
+        k: settings.pop(k) for k in list(settings) if k in ALGORITHM_FIELDS or k in ("algorithm", "query_kl_scoring")
+    }
+    config = dict(
+        output_dir=str(output_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+        gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
+        max_completion_length=16, temperature=1.0, shuffle_dataset=False, logging_steps=1, disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    config.update(settings)
+    model = model_path if isinstance(model_path, torch.nn.Module) else str(model_path)
+    kwargs = dict(
+        model=model, reward_funcs=fixed_reward if fixed else length_reward, args=GRPOConfig(**config),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=build_byte_tokenizer(),
+        rollout_func=fixed_rollout if fixed else None,
+        eval_dataset=Dataset.from_dict({"prompt": eval_prompts}) if eval_prompts else None,
+    )  # fmt: skip
+    kwargs.update(inputs or {})
+    return ERPOTrainer(**kwargs, **erpo_settings) if erpo else GRPOTrainer(**kwargs)
+
+
+def length_reward(completions, **_):
+    """A reward that varies within groups of sampled completions."""
+    return [float(len(c) % 3 == 0) for c in completions]
