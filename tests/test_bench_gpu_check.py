@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.distributed  # FSDP2 over a gloo process group, in several processes: not `make test-fast`
 
 REPO = Path(__file__).resolve().parents[1]
-ALGORITHMS = {"erpo", "grpo", "grpo_kl"}
+ARMS = {"erpo", "erpo_shared_forward", "grpo", "grpo_kl"}
 
 
 def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_path):
@@ -27,12 +27,13 @@ def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_pa
     # bench_step's own report: the algorithms each trained sharded (configure_model ran under the strategy's mesh).
     step = json.loads((tmp_path / "bench_step.json").read_text())
     assert step["config"]["strategy"] == "model_parallel" and step["config"]["size"] == "tiny"
-    assert set(step["results"]) == ALGORITHMS
+    assert set(step["results"]) == ARMS
     for result in step["results"].values():
         assert result["sharded"] is True
         assert result["step_s_median"] > 0 and result["peak_mib"] > 0 and math.isfinite(result["query_kl_last"])
     assert set(step["ratios"]) == {
-        "step_erpo_over_grpo", "step_erpo_over_grpo_kl", "step_grpo_kl_over_grpo", "peak_erpo_over_grpo_kl"
+        "step_erpo_over_grpo", "step_erpo_shared_forward_over_grpo", "step_erpo_over_grpo_kl",
+        "step_grpo_kl_over_grpo", "peak_erpo_over_grpo", "peak_erpo_over_grpo_kl",
     }  # fmt: skip
     assert all(ratio > 0 for ratio in step["ratios"].values())
 

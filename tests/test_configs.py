@@ -34,7 +34,9 @@ print(json.dumps(results))
 
 def test_configs_parse_and_overlays_apply():
     base = str(CONFIGS / "fsdp_qwen2.5_math_7b.yaml")
-    runs = [[str(CONFIGS / "quickstart.yaml")], [base]] + [[base, str(CONFIGS / "paper" / name)] for name in OVERLAYS]
+    think_format = str(CONFIGS / "think_format_example.yaml")
+    runs = [[str(CONFIGS / "quickstart.yaml")], [base], [think_format]]
+    runs += [[base, str(CONFIGS / "paper" / name)] for name in OVERLAYS]
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(runs)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = {key: yaml.safe_load(text) for key, text in json.loads(done.stdout.strip().splitlines()[-1]).items()}
@@ -50,3 +52,9 @@ def test_configs_parse_and_overlays_apply():
         assert config["data"]["batch_size"] == 64 and config["rollout"]["group_size"] == 8  # the base is kept
     dapo = printed[f"{base}+{CONFIGS / 'paper' / 'dapo.yaml'}"]["rollout"]
     assert dapo["dynamic_sampling"] is True and dapo["overlong_buffer"] == 512
+    combined = printed[think_format]["rollout"]["reward"]
+    assert combined["class_path"] == "erpo_lightning.rewards.CombinedReward"
+    parts = combined["init_args"]
+    assert [r["class_path"].rsplit(".", 1)[1] for r in parts["rewards"]] == ["MathReward", "ThinkFormatReward"]
+    assert (parts["weights"], parts["names"]) == ([1.0, 0.1], ["math", "format"])
+    assert printed[think_format]["data"]["template"] == "erpo-paper"

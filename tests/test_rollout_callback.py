@@ -1,9 +1,8 @@
 """RolloutCallback inside a real Trainer.fit on the tiny model, with Hugging Face generate and with real vLLM."""
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.policies import ParityReward, PolicyModule, query_loader
+from helpers.policies import ParityReward, PolicyModule, fit_rollouts, query_loader
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.data import QueryDataModule
@@ -42,17 +41,7 @@ def fit(path, engine, loader, steps: int, **callback_kwargs):
         logprob_check_every=1,
         **callback_kwargs,
     )
-    trainer = pl.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, train_dataloaders=loader)
-    return module, trainer
+    return module, fit_rollouts(module, callback, steps, train_dataloaders=loader)
 
 
 def check_rollout_batch(batch: RolloutBatch, queries, tokenizer, reward: ParityReward, num_queries: int = 2) -> None:
@@ -162,9 +151,5 @@ def test_engine_is_told_the_longest_rollout_before_it_is_built(tiny_model_path, 
     callback = RolloutCallback(
         engine, ParityReward(), group_size=GROUP_SIZE, temperature=TEMPERATURE, max_new_tokens=12
     )
-    trainer = pl.Trainer(
-        max_steps=1, accelerator="cpu", callbacks=[callback], logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    trainer.fit(PolicyModule(str(tiny_model_path)), datamodule=datamodule)
+    fit_rollouts(PolicyModule(str(tiny_model_path)), callback, 1, datamodule=datamodule)
     assert engine.context_at_setup == 700 + 12

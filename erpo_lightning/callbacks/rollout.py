@@ -24,6 +24,7 @@ from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.objectives import check_group_size
+from erpo_lightning.rewards.combined import check_reward_inputs
 from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import (
@@ -81,7 +82,10 @@ class RolloutCallback(pl.Callback):
 
     Args:
         engine: a RolloutEngine (HFEngine, VLLMEngine).
-        reward: `(responses, golds) -> rewards`; an optional `counters()` dict is logged as `rollout/grader_<key>`.
+        reward: `(responses, golds, **inputs) -> rewards` (rewards/protocol.py), given by keyword the `prompts`,
+            `problems` and data columns (`SourceSpec.columns`) its signature accepts; an optional `counters()` dict
+            is logged as `rollout/grader_<key>`, an optional `components()` dict (`CombinedReward`'s per-component
+            means) as `rollout/reward/<name>`.
         group_size: G, responses per query.
         temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids: sampling settings (see SamplingSettings).
         seed: None = unseeded; else rollout call c on rank r uses `rollout_seed(seed, c, r)` (one stream per rank).
@@ -169,10 +173,14 @@ class RolloutCallback(pl.Callback):
         self._first_step_checked = False  # the all-truncated warning is about this process's first step
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Refuse groups of one for an ERPOModule whose advantage estimator compares the responses of a group, before
-        any model is loaded or rollout generated (the datamodule's setup, which Lightning runs first, has run)."""
+        """Refuse groups of one for an ERPOModule whose advantage estimator compares the responses of a group, and a
+        reward requiring an input the training data does not carry (`check_reward_inputs`), before any rollout is
+        generated (the datamodule's setup, which Lightning runs first, has run)."""
         if stage == "fit" and isinstance(pl_module, ERPOModule):
             check_group_size(pl_module.algorithm.advantage_estimator, self.settings.n)
+        data = getattr(trainer, "datamodule", None)
+        if stage == "fit" and isinstance(data, QueryDataModule):
+            check_reward_inputs(self.sampler.reward, data.prepare_queries().columns)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Load the tokenizer and build / bind the engine (after `configure_model`, so the policy exists).
@@ -297,7 +305,13 @@ class RolloutCallback(pl.Callback):
         self._calls += 1
         prompts = [list(ids) for ids in batch.prompt_ids]
         graded = self.sampler.sample_and_grade(
-            prompts, list(batch.answers), self.settings.n, self.settings.temperature, seed
+            prompts,
+            list(batch.answers),
+            self.settings.n,
+            self.settings.temperature,
+            seed,
+            problems=batch.problems,
+            data_columns=batch.data_columns,
         )
         self._timing["seconds"] += graded.generate_s
         lengths = graded.lengths
@@ -334,9 +348,13 @@ class RolloutCallback(pl.Callback):
             "zero_variance_groups": 1.0 - sum(g.informative for g in generated) / len(generated),
             "tokens_per_s": self._timing["tokens"] / max(self._timing["seconds"], 1e-9),
         }
-        counters = getattr(self.sampler.reward, "counters", None)
+        reward = self.sampler.reward
+        counters = getattr(reward, "counters", None)
         if counters is not None:
             metrics.update({f"grader_{key}": float(value) for key, value in counters().items()})
+        components = getattr(reward, "components", None)
+        if components is not None:
+            metrics.update({f"reward/{name}": float(value) for name, value in components().items()})
         return metrics
 
     @torch.no_grad()

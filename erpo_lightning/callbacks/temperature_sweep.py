@@ -164,7 +164,8 @@ class TemperatureSweepCallback(pl.Callback):
         generator = torch.Generator().manual_seed(self.train_sample_seed)
         rows = torch.randperm(len(data.queries), generator=generator)[: self.train_sample_size].tolist()
         prompts, answers = [list(data.prompt_ids[i]) for i in rows], [data.queries[i].answer for i in rows]
-        return [PreparedBenchmark(TRAIN, self.train_k, self.train_k, prompts, answers)]
+        problems, columns = data.problems(rows), data.data_columns(rows)
+        return [PreparedBenchmark(TRAIN, self.train_k, self.train_k, prompts, answers, problems, columns)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"batches": self._batches, "history": self.history}

@@ -2,7 +2,8 @@
 
 A training batch (what `QueryDataModule.train_dataloader` yields) is a `erpo_lightning.rollout.batch.QueryBatch`:
 `query_index` [B] (the row of each query in the dataset and in the reference cache), `prompt_ids` (unpadded, template
-applied) and `answers` (gold answers as the source gives them). The cache (`ReferenceLogprobCache`) holds the
+applied), `answers` (gold answers as the source gives them), and for the reward the `problems` and the `data_columns`
+the sources name (`SourceSpec.columns`). The cache (`ReferenceLogprobCache`) holds the
 reference's per-token query log-probs and summed NLL -ℓθ0(q), from which the LightningModule makes Query-KL and w(q).
 """
 

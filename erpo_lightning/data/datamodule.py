@@ -242,6 +242,8 @@ class QueryDataModule(LightningDataModule):
             answers=[self.data.queries[i].answer for i in indices],
             reference_nll=self.cache.nll[index],
             query_weights=None if self.query_weights is None else self.query_weights[index],
+            problems=self.data.problems(indices),
+            data_columns=self.data.data_columns(indices),
         )
 
     def train_dataloader(self) -> DataLoader:

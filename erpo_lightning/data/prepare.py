@@ -13,7 +13,7 @@ from typing import Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from erpo_lightning.data.sources import DataError, Query, SourceSpec, load_queries
+from erpo_lightning.data.sources import DataError, Query, SourceSpec, describe, load_queries, resolve_spec
 from erpo_lightning.data.templates import PromptTemplate, tokenize_prompts
 
 Overlong = Literal["drop", "error"]
@@ -39,7 +39,8 @@ class PromptFormat:
 
 @dataclass
 class PreparedQueries:
-    """The training set. `queries[i]` and `prompt_ids[i]` are row i of the dataset and of the reference cache."""
+    """The training set. `queries[i]` and `prompt_ids[i]` are row i of the dataset and of the reference cache;
+    `columns` names the extra data columns every query carries (`SourceSpec.columns`, the same for every source)."""
 
     queries: list[Query]
     prompt_ids: list[list[int]]
@@ -47,6 +48,17 @@ class PreparedQueries:
     skipped: Counter = field(default_factory=Counter)
     dropped_overlong: int = 0
     longest_dropped: int = 0
+    columns: tuple[str, ...] = ()
+
+    def problems(self, rows: Sequence[int]) -> list[str]:
+        """The problem texts of dataset rows `rows`, in order."""
+        return [self.queries[i].problem for i in rows]
+
+    def data_columns(self, rows: Sequence[int]) -> dict[str, list] | None:
+        """Each carried column's values at dataset rows `rows` (name -> one value per row); None without columns."""
+        if not self.columns:
+            return None
+        return {name: [self.queries[i].columns[name] for i in rows] for name in self.columns}
 
     def summary(self, max_prompt_length: int) -> str:
         """One line saying what was loaded and what was left out, and why."""
@@ -83,6 +95,24 @@ def _drop_cross_source_duplicates(queries: list[Query], skip_invalid: bool, skip
     return kept
 
 
+def carried_columns(specs: Sequence[SourceSpec]) -> tuple[str, ...]:
+    """The extra columns the training set carries: those every source names (`columns`), in the first's order.
+
+    Raises:
+        DataError naming two sources that name different columns: every query must carry the same ones, since the
+        reward receives one value of each per response.
+    """
+    first = tuple(specs[0].columns or ())
+    for spec in specs[1:]:
+        if set(spec.columns or ()) != set(first):
+            raise DataError(
+                f"the sources {describe(specs[0])} and {describe(spec)} carry different columns "
+                f"({list(first)} and {list(spec.columns or ())}): every source of a training set must name the same "
+                "columns, since the reward receives one value of each for every response"
+            )
+    return first
+
+
 def prepare_queries(
     sources: Sequence[SourceSpec | dict],
     tokenizer: PreTrainedTokenizerBase,
@@ -96,10 +126,12 @@ def prepare_queries(
         raise ValueError(f"overlong must be 'drop' or 'error', got {overlong!r}")
     if not sources:
         raise DataError("no training sources configured (data.train is empty)")
+    specs = [resolve_spec(spec) for spec in sources]  # every source's settings are checked before any is read
+    columns = carried_columns(specs)
     queries: list[Query] = []
     per_source: dict[str, int] = {}
     skipped: Counter = Counter()
-    for spec in sources:
+    for spec in specs:
         loaded, source_skipped = load_queries(spec, skip_invalid)
         queries.extend(loaded)
         skipped.update(source_skipped)
@@ -127,6 +159,7 @@ def prepare_queries(
         skipped=skipped,
         dropped_overlong=len(too_long),
         longest_dropped=max((len(prompt_ids[i]) for i in too_long), default=0),
+        columns=columns,
     )
     if not prepared.queries:
         raise DataError(f"no training queries left: {prepared.summary(max_prompt_length)}")

@@ -1,8 +1,9 @@
 """Query sources: a built-in benchmark name, a Hugging Face Hub dataset (read with `datasets`), or a local file.
 
-Every source becomes a list of `Query` (stable id, problem text, gold answer) after validation. A bad row (one that
-cannot be read: a JSON syntax error, bytes that are not UTF-8; a missing, empty or non-text problem/answer; a gold
-answer no response can ever match; a duplicate id) is an error naming the file, row (and line) and field, or, with
+Every source becomes a list of `Query` (stable id, problem text, gold answer, and the values of the extra `columns`
+it names, which the reward receives) after validation. A bad row (one that cannot be read: a JSON syntax error, bytes
+that are not UTF-8; a missing, empty or non-text problem/answer; a gold answer no response can ever match; a
+duplicate id; no value in a named column) is an error naming the file, row (and line) and field, or, with
 `skip_invalid`, a skipped row counted in a printed summary. Nothing is dropped silently.
 """
 
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import keyword
 import re
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import datasets
 
 from erpo_lightning.data.files import DataError, RawRow, Table, read_local_file
 from erpo_lightning.rewards.normalize import shows_nothing, strip_invisible
+from erpo_lightning.rewards.protocol import RESERVED_NAMES
 
 LOCAL_FORMATS = (".csv", ".json", ".jsonl", ".parquet")  # `.json`: one JSON array, or JSON Lines
 MAX_LISTED_ERRORS = 10
@@ -45,6 +49,11 @@ class SourceSpec:
         label: prefix of the query ids (default: the name, the file stem or the Hub id), so that two sources
             numbering their rows 0, 1, ... do not collide.
         hub: with `name`, read the registry's Hub dataset even when a packaged copy exists.
+        columns: extra columns to carry with each query to the reward, which receives each by its name as a
+            keyword argument, one value per response (e.g. `[difficulty, topic]`; docs/rewards.md). Names are
+            Python identifiers other than responses, golds, prompts and problems; a row without a value (absent
+            or null) in one is a bad row. Not part of the reference cache's fingerprint: they do not change the
+            queries.
     """
 
     name: str | None = None
@@ -60,6 +69,7 @@ class SourceSpec:
     limit: int | None = None
     label: str | None = None
     hub: bool = False
+    columns: list[str] | None = None
 
 
 # Hub ids and field maps checked against the datasets' cards. Names with a file in BENCHMARK_DIR read that file.
@@ -94,13 +104,15 @@ REGISTRY: dict[str, SourceSpec] = {
 
 @dataclass(frozen=True)
 class Query:
-    """One validated training query. `row` is 1-based within its source, for error messages."""
+    """One validated training query. `row` is 1-based within its source, for error messages; `columns` holds the
+    values of the extra columns its source names (`SourceSpec.columns`), by name."""
 
     query_id: str
     problem: str
     answer: str
     source: str
     row: int
+    columns: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
@@ -131,7 +143,31 @@ def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
             spec = replace(REGISTRY[spec.name], **given)
     if spec.answer_transform not in (None, "first", "after_hash"):
         raise DataError(f"answer_transform must be first, after_hash or null, got {spec.answer_transform!r}")
+    check_column_names(spec.columns)
     return spec
+
+
+def check_column_names(columns: object) -> None:
+    """DataError naming the first entry of a source's `columns` that a reward cannot receive as a keyword argument:
+    not a list of strings, not a Python identifier, a reserved name (responses, golds, prompts, problems), or
+    named twice."""
+    if columns is None:
+        return
+    if not isinstance(columns, (list, tuple)):
+        raise DataError(f"columns must be a list of column names, got {columns!r}")
+    for index, name in enumerate(columns):
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise DataError(
+                f"columns[{index}] is {name!r}: the reward receives each column as a keyword argument, so its name "
+                "must be a Python identifier (letters, digits and '_', not starting with a digit)"
+            )
+        if name in RESERVED_NAMES:
+            raise DataError(
+                f"columns[{index}] is {name!r}, a name the reward already receives ({', '.join(RESERVED_NAMES)}); "
+                "rename the column in the data"
+            )
+        if name in columns[:index]:
+            raise DataError(f"columns names {name!r} twice")
 
 
 def unknown_keys_message(keys: list[str]) -> str:
@@ -249,16 +285,31 @@ def _check_columns(columns: list[str], spec: SourceSpec, where: str) -> tuple[st
     for key, column in (("problem_field", problem_field), ("answer_field", answer_field), ("id_field", id_field)):
         if column is not None and column not in columns:
             raise DataError(f"{where}: no column {column!r} ({key}); its columns are {columns}. Set {key}.")
+    for column in spec.columns or ():
+        if column not in columns:
+            raise DataError(f"{where}: no column {column!r} (named in columns); its columns are {columns}")
     return problem_field, answer_field, id_field
 
 
-def _row_issue(row: RawRow, fields_: tuple[str, str, str | None], transform: str | None, label: str, seen: dict):
-    """(query, None) for a usable row, else (None, (field, reason counted in the summary, detail))."""
+def _carried(row: RawRow, columns: list[str] | None) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+    """The values of the named `columns` in `row`, and the issue of the first one it has no value in (or None)."""
+    values = {}
+    for column in columns or ():
+        value = row.values.get(column)
+        if value is None:
+            return {}, (column, "missing column", f"no value in column {column!r} (named in columns)")
+        values[column] = value
+    return values, None
+
+
+def _row_issue(row: RawRow, fields_: tuple[str, str, str | None], spec: SourceSpec, label: str, seen: dict):
+    """((id, problem, answer, carried columns), None) for a usable row, else (None, (field, reason counted in the
+    summary, detail))."""
     if row.error is not None:
         return None, row.error
     problem_field, answer_field, id_field = fields_
     problem, raw_answer = row.values.get(problem_field), row.values.get(answer_field)
-    answer = _answer_text(raw_answer, transform)
+    answer = _answer_text(raw_answer, spec.answer_transform)
     if not isinstance(problem, str) or not strip_invisible(problem).strip():
         detail = f"problem is {problem!r:.60} (empty, only invisible characters, or not text)"
         return None, (problem_field, "bad problem", detail)
@@ -275,7 +326,8 @@ def _row_issue(row: RawRow, fields_: tuple[str, str, str | None], transform: str
         same = "same id" if id_field else "same problem text"
         detail = f"duplicate id {query_id!r} ({same} as row {seen[query_id]})"
         return None, (id_field or problem_field, "duplicate id", detail)
-    return (query_id, problem, answer), None
+    carried, issue = _carried(row, spec.columns)
+    return (None, issue) if issue is not None else ((query_id, problem, answer, carried), None)
 
 
 def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[list[Query], Counter]:
@@ -297,15 +349,15 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     skipped: Counter = Counter()
     first_row_of: dict[str, int] = {}
     for row in table.rows:
-        found, issue = _row_issue(row, fields_, spec.answer_transform, label, first_row_of)
+        found, issue = _row_issue(row, fields_, spec, label, first_row_of)
         if issue is not None:
             field_name = f", field {issue[0]!r}" if issue[0] is not None else ""
             problems.append(f"{where} {row.position}{field_name}: {issue[2]}")
             skipped[issue[1]] += 1
             continue
-        query_id, problem, answer = found
+        query_id, problem, answer, carried = found
         first_row_of[query_id] = row.number
-        queries.append(Query(query_id, problem, answer, where, row.number))
+        queries.append(Query(query_id, problem, answer, where, row.number, carried))
 
     if problems and not skip_invalid:
         listed = "\n  ".join(problems[:MAX_LISTED_ERRORS])

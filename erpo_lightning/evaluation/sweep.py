@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -104,13 +105,17 @@ class SweepConfig:
 
 @dataclass
 class PreparedBenchmark:
-    """A benchmark ready to generate: `prompt_ids[i]` (template applied) and `answers[i]` are problem i."""
+    """A benchmark ready to generate: `prompt_ids[i]` (template applied) and `answers[i]` are problem i; its text
+    `problems[i]` and the extra columns its source names (`data_columns`: name -> values) are offered to the reward
+    (None: not carried)."""
 
     label: str
     k: int
     pass_k: int
     prompt_ids: list[list[int]]
     answers: list[str]
+    problems: list[str] | None = None
+    data_columns: dict[str, list] | None = None
 
 
 def source_label(spec: SourceSpec) -> str:
@@ -151,8 +156,12 @@ def prepare_benchmarks(
         pass_k = benchmark.pass_k or benchmark.k
         if not 1 <= pass_k <= benchmark.k:
             raise DataError(f"benchmark {label!r}: pass_k={pass_k} must be between 1 and k={benchmark.k}")
+        rows = range(len(data.queries))
+        answers = [q.answer for q in data.queries]
         prepared.append(
-            PreparedBenchmark(label, benchmark.k, pass_k, data.prompt_ids, [q.answer for q in data.queries])
+            PreparedBenchmark(
+                label, benchmark.k, pass_k, data.prompt_ids, answers, data.problems(rows), data.data_columns(rows)
+            )
         )
     labels = [b.label for b in prepared]
     if len(set(labels)) != len(labels):
@@ -269,6 +278,8 @@ class Sweep:
         values = self.metric.compute()
         self.metric.reset()
         grader = counters()
+        # A CombinedReward's component means since its last report: this sweep's, not the next rollout step's.
+        getattr(self.sampler.reward, "components", dict)()
         release_free_heap()  # the sweep's buffers: see erpo_lightning/memory.py
         return SweepResult(values, timing, grader)
 
@@ -300,12 +311,25 @@ class Sweep:
                         k,
                         temperature,
                         seed,
+                        **_reward_inputs(benchmarks, part),
                     )
                     _record(graded, part, t, self.metric, timing)
                     bar.update(len(part))
         bar.close()
         timing.wall_s = perf_counter() - start
         return timing
+
+
+def _reward_inputs(benchmarks: list[PreparedBenchmark], items: list[tuple[int, int]]) -> dict[str, Any]:
+    """`problems` and `data_columns` of the (benchmark, problem) `items`, as far as all their benchmarks carry them
+    (a column only when every one of them carries it)."""
+    parts = [benchmarks[b] for b in sorted({b for b, _ in items})]
+    problems = None
+    if all(part.problems is not None for part in parts):
+        problems = [benchmarks[b].problems[i] for b, i in items]
+    names = set.intersection(*(set(part.data_columns or ()) for part in parts))
+    columns = {name: [benchmarks[b].data_columns[name][i] for b, i in items] for name in names}
+    return {"problems": problems, "data_columns": columns or None}
 
 
 def _record(

@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from time import perf_counter
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from erpo_lightning.rewards.protocol import Reward, score_responses
+from erpo_lightning.rewards.protocol import RESERVED_NAMES, Reward, RewardSignature, score_responses
 from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings
 
 
@@ -51,7 +52,9 @@ class RolloutSampler:
 
     Args:
         engine: a RolloutEngine (HFEngine, VLLMEngine); `setup` binds it to a policy.
-        reward: `(responses, golds) -> rewards`; an optional `counters()` dict is the grader's tallies.
+        reward: `(responses, golds, **inputs) -> rewards` (rewards/protocol.py): its signature, read once here,
+            says which of `prompts`, `problems` and the data columns it is given; an optional `counters()` dict is
+            the grader's tallies.
         settings: top_p, top_k, max_new_tokens, stop, stop_token_ids of every call (n, temperature and seed are
             given per call).
         tokenizer: a tokenizer, or its path; None = the policy's `name_or_path` (at `setup`).
@@ -68,6 +71,7 @@ class RolloutSampler:
     ) -> None:
         self.engine = engine
         self.reward = reward
+        self.reward_signature = RewardSignature.of(reward)
         self.settings = settings or SamplingSettings()
         self.tokenizer_path = tokenizer if isinstance(tokenizer, str) else None
         self.tokenizer: PreTrainedTokenizerBase | None = None if isinstance(tokenizer, str) else tokenizer
@@ -87,10 +91,22 @@ class RolloutSampler:
         )
 
     def sample_and_grade(
-        self, prompts: list[list[int]], golds: list[str], n: int, temperature: float, seed: int | None
+        self,
+        prompts: list[list[int]],
+        golds: list[str],
+        n: int,
+        temperature: float,
+        seed: int | None,
+        problems: list[str] | None = None,
+        data_columns: Mapping[str, list] | None = None,
     ) -> GradedGroups:
         """Sample `n` responses to each of the B `prompts` (token ids) at `temperature` and grade them against
-        `golds` (B gold answers); `seed` None = unseeded."""
+        `golds` (B gold answers); `seed` None = unseeded.
+
+        The reward is offered, one entry per response: `prompts` (the prompt ids decoded, special tokens kept, as
+        the model saw them), `problems` (B problem texts, when given) and each of `data_columns` (name -> B values);
+        it takes those its signature accepts (`RewardSignature`).
+        """
         if self.tokenizer is None:
             raise RuntimeError("RolloutSampler.setup(policy) has not run: no tokenizer to decode responses with")
         settings = replace(self.settings, n=n, temperature=temperature, seed=seed)
@@ -99,9 +115,32 @@ class RolloutSampler:
         generated = perf_counter()
         flat = [sample for group in samples for sample in group]
         texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
-        scores = score_responses(self.reward, texts, [gold for gold in golds for _ in range(n)])
+        inputs = self._reward_inputs(prompts, problems, data_columns, n)
+        scores = score_responses(self.reward, texts, per_response(golds, n), inputs, self.reward_signature)
         rewards = torch.tensor(scores, dtype=torch.float32)
         rewards = rewards.view(len(prompts), n)
         return GradedGroups(
             samples, texts, rewards, rewards >= self.correct_threshold, generated - start, perf_counter() - generated
         )
+
+    def _reward_inputs(
+        self, prompts: list[list[int]], problems: list[str] | None, data_columns: Mapping[str, list] | None, n: int
+    ) -> dict[str, list]:
+        """The keyword inputs offered to the reward, each repeated for the `n` responses of its prompt; the prompt
+        texts are decoded only when the reward takes them."""
+        per_query: dict[str, list] = {} if problems is None else {"problems": list(problems)}
+        for name, values in (data_columns or {}).items():
+            if name in RESERVED_NAMES:
+                raise ValueError(f"a data column may not be named {name!r}: the reward's {name} are another input")
+            per_query[name] = list(values)
+        if self.reward_signature.wants("prompts"):
+            per_query["prompts"] = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
+        for name, values in per_query.items():
+            if len(values) != len(prompts):
+                raise ValueError(f"{len(values)} {name!r} for {len(prompts)} prompts: give one per prompt")
+        return {name: per_response(values, n) for name, values in per_query.items()}
+
+
+def per_response(per_query: list, n: int) -> list:
+    """Each of B values `n` times in a row: the value of each of the B·n responses, prompt-major."""
+    return [value for value in per_query for _ in range(n)]

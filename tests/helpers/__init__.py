@@ -6,7 +6,8 @@ never from each other.
 - `fit_configs`: `erpo fit` configs written to files, and the `erpo` command run in a subprocess;
 - `grading`: grading one response at a time, as a reference for the batched grader;
 - `module_steps`: ERPOModule on a hand-built batch (prompts, responses, rewards, reference scores, one fit);
-- `policies`: a policy LightningModule, a parity reward and a query loader for callback tests;
+- `policies`: a policy LightningModule, a parity reward, a query loader and a short fit for callback tests;
+- `docs`: the code examples of docs/ pages, by the name of their `<!-- example: NAME -->` comment;
 - `cli_runs`: `erpo` in this process on a tiny config, and its one-line errors;
 - `resume_runs`: a resumable fit in this process, its logged metrics and weights;
 - `quickstart`: the quickstart's inputs copied into a work directory;

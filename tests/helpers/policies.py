@@ -1,4 +1,4 @@
-"""A policy LightningModule, a parity reward and a query loader, for tests of callbacks around a fit."""
+"""A policy LightningModule, a parity reward, a query loader and a short fit, for tests of callbacks around a fit."""
 
 import copy
 
@@ -60,8 +60,9 @@ class PolicyModule(pl.LightningModule):
 
 def query_loader(golds: list[str], batch_size: int) -> DataLoader:
     """`QueryBatch`es like QueryDataModule's, in file order from its query stream (which dynamic-sampling refills draw
-    from); `loader.dataset[i]` is query i's `prompt_ids` and `answers`, and its carried scores `reference_nll`
-    (10 + i) and `query_weights` (1 + i / 10), distinct per query."""
+    from); `loader.dataset[i]` is query i's `prompt_ids` (its `problems` text in the byte tokenizer's chat template)
+    and `answers`, its carried scores `reference_nll` (10 + i) and `query_weights` (1 + i / 10), distinct per query,
+    and a carried data column `level` (i)."""
     tokenizer = build_byte_tokenizer()
     items = [
         {
@@ -69,9 +70,11 @@ def query_loader(golds: list[str], batch_size: int) -> DataLoader:
             "prompt_ids": tokenizer.apply_chat_template(
                 [{"role": "user", "content": "question " * (i % 3) + str(i)}], add_generation_prompt=True
             )["input_ids"],
+            "problems": "question " * (i % 3) + str(i),
             "answers": gold,
             "reference_nll": 10.0 + i,
             "query_weights": 1.0 + i / 10,
+            "level": i,
         }
         for i, gold in enumerate(golds)
     ]
@@ -83,6 +86,24 @@ def query_loader(golds: list[str], batch_size: int) -> DataLoader:
             [r["answers"] for r in rows],
             reference_nll=torch.tensor([r["reference_nll"] for r in rows]),
             query_weights=torch.tensor([r["query_weights"] for r in rows]),
+            problems=[r["problems"] for r in rows],
+            data_columns={"level": [r["level"] for r in rows]},
         )
 
     return DataLoader(items, batch_sampler=QueryBatchSampler(len(items), batch_size, shuffle=False), collate_fn=collate)
+
+
+def fit_rollouts(module: pl.LightningModule, callback: pl.Callback, steps: int, **data) -> pl.Trainer:
+    """`steps` training steps of `module` on CPU with `callback` (a RolloutCallback) and nothing else: no logger,
+    checkpoint, progress bar or summary; `data` is `train_dataloaders=` or `datamodule=`, as `Trainer.fit` takes it."""
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, **data)
+    return trainer
