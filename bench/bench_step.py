@@ -1,9 +1,11 @@
-"""Training-step cost of `erpo` vs `grpo` (β = 0) vs `grpo_kl`, on the same replayed rollout batch; prints JSON.
+"""Training-step cost of `erpo` (exact Query-KL scoring, the default, and `shared_forward`) vs `grpo` (β = 0) vs
+`grpo_kl`, on the same replayed rollout batch; prints JSON.
 
-ERPO's claims: Query-KL is nearly free (it reuses the forward that scores the responses, against cached reference
-scores), and it needs no reference model in memory, unlike Policy-KL. Each algorithm runs in its own subprocess
-(so peak memory is its own), the three interleaved over `--rounds`, each doing `--steps` timed optimizer steps
-after one warm-up step on the identical rollout batch. Ratios are of medians measured in the same run.
+ERPO's claims: Query-KL is cheap (against cached reference scores: with `shared_forward` it reuses the forward that
+scores the responses; exact scoring adds one forward and backward over the step's unique queries), and it needs no
+reference model in memory, unlike Policy-KL. Each arm (ARMS) runs in its own subprocess (so peak memory is its own),
+the four interleaved over `--rounds`, each doing `--steps` timed optimizer steps after one warm-up step on the
+identical rollout batch. Ratios are of medians measured in the same run.
 
     .venv/bin/python bench/bench_step.py                         # CPU, ~20M-parameter Qwen2, fp32
     python bench/bench_step.py --device cuda --size 0.5b --dtype bfloat16 --queries 16 \
@@ -32,7 +34,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from erpo_lightning.rollout.batch import QueryBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
 
-ALGORITHMS = ("erpo", "grpo", "grpo_kl")
+# arm -> (model.algorithm, model.query_kl_scoring)
+ARMS = {"erpo": ("erpo", "exact"), "erpo_shared_forward": ("erpo", "shared_forward"), "grpo": ("grpo", "exact"),
+        "grpo_kl": ("grpo_kl", "exact")}  # fmt: skip
 Strategy = Literal["auto", "model_parallel"]
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
 # "0.5b" is Qwen2.5-0.5B's, "1.5b" Qwen2-1.5B's (both with the 151,936-token vocabulary).
@@ -146,7 +150,7 @@ def fit_replayed(
 
 
 def worker(args) -> dict:
-    """One algorithm: warm-up step, then `--steps` timed steps; returns times, peak memory, the last Query-KL and
+    """One arm: warm-up step, then `--steps` timed steps; returns times, peak memory, the last Query-KL and
     whether the policy was sharded (its weights FSDP2's DTensors)."""
     from torch.distributed.tensor import DTensor
 
@@ -156,9 +160,11 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     model_path = Path(args.workdir) / "model"
     batch = rollout_batch(args, SIZES[args.size]["vocab_size"])
+    algorithm, scoring = ARMS[args.arm]
     module = ERPOModule(
-        str(model_path), algorithm=args.algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens
-    )
+        str(model_path), algorithm=algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens,
+        query_kl_scoring=scoring,
+    )  # fmt: skip
     device = torch.device(args.device)
     if args.strategy == "auto":
         module.configure_model()
@@ -200,16 +206,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--algorithm", choices=ALGORITHMS, help=argparse.SUPPRESS)  # worker mode
+    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.algorithm:
+    if args.arm:
         print(json.dumps(worker(args)))
         return
 
     with tempfile.TemporaryDirectory() as workdir:
         build_model(args.size, Path(workdir) / "model")
-        workers = {name: ["--algorithm", name, "--workdir", workdir] for name in ALGORITHMS}
+        workers = {name: ["--arm", name, "--workdir", workdir] for name in ARMS}
         results = run_workers(__file__, workers, args.rounds)
     summary = {
         name: {
@@ -221,11 +227,14 @@ def main() -> None:
         for name, runs in results.items()
     }
     report = {
-        "config": {k: v for k, v in vars(args).items() if k not in ("algorithm", "workdir")},
+        "config": {k: v for k, v in vars(args).items() if k not in ("arm", "workdir")},
         "torch": torch.__version__,
         "results": summary,
         "ratios": {
             "step_erpo_over_grpo": summary["erpo"]["step_s_median"] / summary["grpo"]["step_s_median"],
+            "step_erpo_shared_forward_over_grpo": summary["erpo_shared_forward"]["step_s_median"]
+            / summary["grpo"]["step_s_median"],
+            "peak_erpo_over_grpo": summary["erpo"]["peak_mib"] / summary["grpo"]["peak_mib"],
             "step_erpo_over_grpo_kl": summary["erpo"]["step_s_median"] / summary["grpo_kl"]["step_s_median"],
             "step_grpo_kl_over_grpo": summary["grpo_kl"]["step_s_median"] / summary["grpo"]["step_s_median"],
             "peak_erpo_over_grpo_kl": summary["erpo"]["peak_mib"] / summary["grpo_kl"]["peak_mib"],
