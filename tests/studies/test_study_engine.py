@@ -141,7 +141,7 @@ def test_real_model_study_definition():
         "--model.algorithm", "erpo_released", "--model.query_kl_coef", "0", "--model.use_query_weights", "false",
     ]  # fmt: skip
     full = REAL_MODEL.full
-    assert (full.seeds, full.temperatures, full.eval_k) == ((0, 1), (0.6, 1.0, 1.5), 4)
+    assert (full.seeds, full.temperatures, full.eval_k) == ((0, 1, 2), (0.6, 1.0, 1.5), 4)  # the plan's three seeds
     assert full.eval_problems >= 100 and full.train_sample_size == ALL_QUERIES
     assert REAL_MODEL.jobs == 1 and REAL_MODEL.base_config == "configs/study_smollm2.yaml"
     assert len({claim.key for claim in CLAIMS}) == len(CLAIMS)
