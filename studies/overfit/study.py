@@ -18,7 +18,7 @@ study spans sessions; a rerun skips them).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from studies.engine.claims import BASE_ARM, Claim, Gate, KOfN, LearningGuard, SignTest
@@ -168,7 +168,7 @@ def overfit_study(regime: Regime, out: Path) -> Study:
         base_config=BASE_CONFIG,
         arms=ARMS,
         default_arms=tuple(ARMS),
-        full=FULL if regime == REGIME else StudySettings(**{**FULL.__dict__, "steps": regime.steps}),
+        full=replace(FULL, steps=regime.steps),
         quick=QUICK,
         claims=CLAIMS,
         out=out,
