@@ -106,7 +106,7 @@ class MeanMargin:
 
 @dataclass(frozen=True)
 class SignTest:
-    """Direction by a sign test, size by a bootstrap interval (pre-registered in studies/overfit/plan.md).
+    """Direction by a sign test, size by a bootstrap interval (pre-registered in studies/overfit/overfit_plan.md).
 
     With k of n seeds' margins positive, the one-sided sign test's p-value is P(X ≥ k) for X ~ Binomial(n, 1/2)
     (7 of 8 seeds: p = 9/256 ≈ 0.035). The interval is the percentile bootstrap of the mean margin (`resamples`

@@ -3,10 +3,10 @@
 On the shipped toy model (configs/quickstart.yaml) trained on only a few training queries at a high learning rate
 (REGIME), GRPO memorises them: its held-out accuracy falls below the base model's while its training accuracy rises.
 The pilot (studies/overfit/pilot.py) checks that this regime does so before any other arm runs; the plan
-(studies/overfit/plan.md) fixes the arms, seeds, claims and decision rules before the main runs.
+(studies/overfit/overfit_plan.md) fixes the arms, seeds, claims and decision rules before the main runs.
 
-    python -m studies.overfit.pilot              # the GRPO-only pilot and its gate (plan.md, "Pilot")
-    python -m studies.overfit                    # the main runs and the report (plan.md, "Plan")
+    python -m studies.overfit.pilot              # the GRPO-only pilot and its gate (overfit_plan.md, "Pilot")
+    python -m studies.overfit                    # the main runs and the report (overfit_plan.md, "Plan")
     python -m studies.overfit --report-only      # rewrite the report from the finished runs
     python -m studies.overfit --quick            # CI smoke test: every arm, 1 seed, 4 steps, a small sweep
 
@@ -56,9 +56,9 @@ class Regime:
                 "--data.cache_dir", f".cache/overfit/{self.name}/reference")  # fmt: skip
 
 
-# The pilot's regimes, in the order it tries them (plan.md, "Pilot"); the first is the outside pilot's.
+# The pilot's regimes, in the order it tries them (overfit_plan.md, "Pilot"); the first is the outside pilot's.
 PILOT_REGIMES = (Regime(32, 3e-4, 150), Regime(16, 3e-4, 150), Regime(32, 3e-4, 300))
-REGIME = PILOT_REGIMES[0]  # the regime the pilot chose (plan.md, "Pilot result")
+REGIME = PILOT_REGIMES[0]  # the regime the pilot chose (overfit_plan.md, "Pilot result")
 
 ARMS: dict[str, list[str]] = {
     "grpo": ["--model.algorithm", "grpo"],
@@ -76,7 +76,7 @@ FULL = StudySettings(steps=REGIME.steps, seeds=tuple(range(8)), temperatures=(1.
 QUICK = StudySettings(steps=4, seeds=(0,), temperatures=(1.0, 1.5), eval_problems=16, eval_k=2,
                       train_sample_size=ALL_QUERIES)  # fmt: skip
 
-# Decision rules (plan.md, "Claims and decision rules"): accuracies and gaps by SignTest (sign test over >= 8 seeds,
+# Decision rules (overfit_plan.md, "Claims and decision rules"): accuracies and gaps by SignTest (sign test over >= 8 seeds,
 # bootstrap interval of the mean margin), Query-KL ratios by k of n (>= 80% of seeds holds, <= 20% fails).
 BEATS = SignTest(effect=3.0)  # a win counts from 3 points (mean paired margin)
 NOT_BELOW_BASE = SignTest(effect=0.0)  # above the base model in nearly every seed; refuted when surely below
