@@ -8,6 +8,7 @@ does. Kernels can depend on shapes (more so on GPUs), which is why the layout fi
 that a lent GPU runs (bench/gpu_check.sh).
 
     python bench/bench_query_exactness.py --device cpu --size tiny
+    python bench/bench_query_exactness.py --model-path "$(python -m erpo_lightning.real_model)"   # SmolLM2
     python bench/bench_query_exactness.py --device cuda --size 1.5b
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 from bench_step import SIZES, build_model
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs
@@ -55,20 +56,25 @@ def compare(cache: list[torch.Tensor], other: list[torch.Tensor]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--size", choices=SIZES, default="tiny")
+    parser.add_argument("--size", choices=SIZES, default="tiny", help="the built model's shape (no --model-path)")
+    parser.add_argument("--model-path", help="an existing Hugging Face model folder instead of a built --size model")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--queries", type=int, default=20)
     parser.add_argument("--max-len", type=int, default=150, help="query lengths are drawn from [8, max-len]")
     args = parser.parse_args()
-    vocab = SIZES[args.size]["vocab_size"]
+    vocab = (
+        AutoConfig.from_pretrained(args.model_path).vocab_size if args.model_path else SIZES[args.size]["vocab_size"]
+    )
     rng = random.Random(0)
     prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(8, args.max_len))] for _ in range(args.queries)]
     layout = QueryScoringLayout()
     results = {}
     with tempfile.TemporaryDirectory() as workdir:
-        build_model(args.size, Path(workdir) / "model")
+        model_path = Path(args.model_path) if args.model_path else Path(workdir) / "model"
+        if not args.model_path:
+            build_model(args.size, model_path)
         for dtype in args.dtypes:
-            model = AutoModelForCausalLM.from_pretrained(Path(workdir) / "model", dtype=getattr(torch, dtype))
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
             model = model.to(args.device)
             cache = batch_query_logprobs(model, prompts, layout)
             order = list(range(len(prompts)))

@@ -8,6 +8,8 @@ the four interleaved over `--rounds`, each doing `--steps` timed optimizer steps
 identical rollout batch. Ratios are of medians measured in the same run.
 
     .venv/bin/python bench/bench_step.py                         # CPU, ~20M-parameter Qwen2, fp32
+    .venv/bin/python bench/bench_step.py --model-path erpo_lightning/toy/shipped --queries 16 --group-size 8 \
+        --prompt-len 16 --response-len 48 --micro-batch-tokens 8192   # the quickstart's model and shapes
     python bench/bench_step.py --device cuda --size 0.5b --dtype bfloat16 --queries 16 \
         --prompt-len 256 --response-len 1024
     python bench/bench_step.py --device cuda --size 1.5b --dtype bfloat16 --strategy model_parallel  # FSDP2
@@ -29,7 +31,7 @@ from typing import Literal, get_args
 
 import torch
 from interleave import run_workers
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
 from erpo_lightning.rollout.batch import QueryBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
@@ -149,6 +151,11 @@ def fit_replayed(
     return times[1:], trainer
 
 
+def policy_path(args) -> Path:
+    """`--model-path` (an existing Hugging Face folder), else the `--size` model main() built in the work folder."""
+    return Path(args.model_path) if args.model_path else Path(args.workdir) / "model"
+
+
 def worker(args) -> dict:
     """One arm: warm-up step, then `--steps` timed steps; returns times, peak memory, the last Query-KL and
     whether the policy was sharded (its weights FSDP2's DTensors)."""
@@ -158,8 +165,8 @@ def worker(args) -> dict:
     from erpo_lightning.modules.erpo_module import ERPOModule
 
     torch.set_num_threads(args.threads)
-    model_path = Path(args.workdir) / "model"
-    batch = rollout_batch(args, SIZES[args.size]["vocab_size"])
+    model_path = policy_path(args)
+    batch = rollout_batch(args, AutoConfig.from_pretrained(model_path).vocab_size)
     algorithm, scoring = ARMS[args.arm]
     module = ERPOModule(
         str(model_path), algorithm=algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens,
@@ -194,7 +201,8 @@ def worker(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=SIZES, default="20m")
+    parser.add_argument("--size", choices=SIZES, default="20m", help="the built model's shape (no --model-path)")
+    parser.add_argument("--model-path", help="an existing Hugging Face model folder instead of a built --size model")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--strategy", choices=get_args(Strategy), default="auto", help="model_parallel = FSDP2")
@@ -214,7 +222,8 @@ def main() -> None:
         return
 
     with tempfile.TemporaryDirectory() as workdir:
-        build_model(args.size, Path(workdir) / "model")
+        if not args.model_path:
+            build_model(args.size, Path(workdir) / "model")
         workers = {name: ["--arm", name, "--workdir", workdir] for name in ARMS}
         results = run_workers(__file__, workers, args.rounds)
     summary = {
