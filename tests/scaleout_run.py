@@ -1,6 +1,6 @@
 """One training run of `tests/test_distributed.py`: ERPOModule on fixed global rollout batches, under a strategy.
 
-    python tests/scaleout_run.py MODEL_DIR OUT_DIR --strategy {single,ddp,fsdp} --config {erpo,reinforce}
+    python tests/scaleout_run.py MODEL_DIR OUT_DIR --strategy {single,ddp,fsdp} --config {erpo,reinforce,lora}
         [--save-checkpoints] [--resume CHECKPOINT] [--num-nodes 2]
 
 Lightning launches the second process itself (it re-runs this script); with `--num-nodes 2`, each of two `torchrun
@@ -30,6 +30,7 @@ from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.logprobs import gather_token_logprobs, sequence_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.modules.lora import LoraSettings
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.tiny_qwen2 import load_tiny_model
 
@@ -54,6 +55,11 @@ CONFIGS = {
         loss_aggregation="seq_mean_token_mean",
         query_kl_estimator="sequence_k3", policy_kl_coef=0.05, num_iterations=2, micro_batch_tokens=20,
         gradient_checkpointing=True,
+    ),
+    # LoRA adapters on every linear layer (the base frozen), as `erpo`; activation checkpointing through the adapters.
+    "lora": dict(
+        algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, gradient_clip_norm=0.5,
+        gradient_checkpointing=True, peft=LoraSettings(r=4, alpha=8),
     ),
 }  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Export the trained policy as a Hugging Face model directory (`save_pretrained` + tokenizer)."""
+"""Export the trained policy as a Hugging Face model directory (`save_pretrained` + tokenizer); a LoRA policy merged."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoTokenizer
 
+from erpo_lightning.merged_weights import base_model_items, lora_layers
+
 
 def export_policy(policy: torch.nn.Module, tokenizer_path: str, output_dir: str | Path, is_global_zero: bool) -> Path:
     """Write `policy` (plain or FSDP2-sharded) and its tokenizer to `output_dir`, loadable by transformers and vLLM.
 
-    Every rank must call this: gathering a sharded state dict is a collective; only rank 0 writes.
+    Every rank must call this: gathering a sharded state dict is a collective; only rank 0 writes. A LoRA policy is
+    written merged, under the base model's names (`merged_weights.base_model_items`): a plain model, loadable without
+    peft.
     """
     output_dir = Path(output_dir)
     state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = dict(base_model_items(state, lora_layers(policy)))
     if is_global_zero:
         policy.save_pretrained(output_dir, state_dict=state)
         AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(output_dir)

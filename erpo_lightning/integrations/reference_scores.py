@@ -20,12 +20,15 @@ from erpo_lightning.data.cache import SCORES_FILE, ReferenceLogprobCache, read_m
 from erpo_lightning.data.fingerprint import _json_hash, check_manifest, fingerprint_digest
 from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import compute_reference_logprobs
+from erpo_lightning.merged_weights import theta0_named_parameters
 
 
 def parameters_hash(model: torch.nn.Module) -> str:
-    """sha256 over the names, dtypes, shapes and bytes of `model`'s parameters: which weights θ0 was."""
+    """sha256 over the names, dtypes, shapes and bytes of `model`'s parameters: which weights θ0 was. A model with
+    LoRA adapters that add nothing yet (TRL's `peft_config` before the first step) hashes as its base model
+    (`merged_weights.theta0_named_parameters`), so its θ0 scores are the base model's, reusable by either."""
     digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
+    for name, parameter in theta0_named_parameters(model):
         tensor = parameter.detach().cpu().contiguous().reshape(-1)
         digest.update(f"{name}|{tensor.dtype}|{tuple(parameter.shape)}".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes())

@@ -10,7 +10,7 @@ steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from typing import Any, Literal
 
 import lightning as L
@@ -28,6 +28,7 @@ from erpo_lightning.logprobs import (
 )
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
+from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
 from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
 from erpo_lightning.modules.query_pass import exact_query_kl, step_query_weights, unique_prompts
@@ -82,6 +83,8 @@ class ERPOModule(L.LightningModule):
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
             None = compute in `dtype`. Ignored without FSDP2.
+        peft: LoRA adapters (`r`, `alpha`, `dropout`, `target_modules`, `seed`: `modules/lora.LoraSettings`) train
+            instead of the whole policy; θ0 stays the base model (docs/lora.md). None = full fine-tuning.
     """
 
     def __init__(
@@ -125,12 +128,15 @@ class ERPOModule(L.LightningModule):
         gradient_checkpointing: bool = False,
         fsdp_mixed_precision: Dtype | None = None,
         trust_remote_code: bool = False,
+        peft: LoraSettings | None = None,
     ) -> None:
         super().__init__()
         # Callables are not plain data (a `weights_only` checkpoint load refuses them); the CLI's config keeps them.
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         check_module_settings({**self.hparams, "optimizer": optimizer, "lr_scheduler": lr_scheduler})
         self.optimizer_factory, self.lr_scheduler_factory = optimizer, lr_scheduler
+        self.lora = lora_settings(peft)  # checkpoints hold it as plain data (`weights_only` loading)
+        self.hparams["peft"] = None if self.lora is None else asdict(self.lora)
         # Every field of `Algorithm` is a parameter of this module of the same name: None keeps the preset's value.
         overrides = {field.name: self.hparams[field.name] for field in fields(Algorithm)}
         self.algorithm: Algorithm = resolve_algorithm(algorithm, **overrides)
@@ -164,9 +170,15 @@ class ERPOModule(L.LightningModule):
         if self.policy is not None:
             return
         self.policy = self._load_causal_lm().train()
+        if self.lora is not None:  # adapters in place: same model class, B = 0 so still θ0
+            summary = add_lora_adapters(self.policy, self.lora)
+            if self._trainer is None or self.trainer.is_global_zero:
+                print(f"[erpo] {summary}", flush=True)
         if self.hparams.gradient_checkpointing:
             # Non-reentrant: the recomputed forward goes through FSDP2's per-layer hooks again, like the first one.
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if self.lora is not None:  # the frozen embeddings' output must carry grad into checkpointed layers
+                self.policy.enable_input_require_grads()
         self.policy.config.use_cache = False
         if self.algorithm.policy_kl_coef > 0 or self.hparams.monitor_policy_kl:
             self.reference_policy = self._load_causal_lm().eval().requires_grad_(False)

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from erpo_lightning.modules.lora import check_lora_settings, require_peft
 from erpo_lightning.modules.optim import NonFiniteGuard, check_optimizer_settings
 from erpo_lightning.setting_rules import Rule, check_rules
 
@@ -67,3 +68,6 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         settings.get("weight_decay"), settings.get("warmup_steps", 0),
     )  # fmt: skip
     NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
+    if settings.get("peft") is not None:  # LoRA: its ranges, and peft installed, before any model loads
+        check_lora_settings(settings["peft"])
+        require_peft()

@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from erpo_lightning.gguf import resolve_model_path
+from erpo_lightning.merged_weights import base_model_items, lora_layers
 from erpo_lightning.rollout.engine import Sample, SamplingSettings, derive_seed
 
 # vLLM's CPU build takes the KV cache size in bytes: its `gpu_memory_utilization` is a share of the NUMA node's
@@ -64,14 +65,18 @@ def _explain_build_error(error: Exception) -> RuntimeError | None:
 
 
 def stream_full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every entry of the module's state dict, gathering sharded (DTensor) entries one at a time.
+    """(name, tensor) for every entry of the module's state dict, gathering sharded (DTensor) entries one at a time;
+    a LoRA policy's adapted layers come merged under the base model's names (`merged_weights.base_model_items`), so
+    the engine loads plain weights and needs no LoRA support.
 
     Under FSDP2 every rank must consume the iterator in the same order: `full_tensor()` is a collective.
     """
     from torch.distributed.tensor import DTensor
 
-    for name, tensor in module.state_dict().items():
-        yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
+    def full(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
+
+    yield from base_model_items(module.state_dict(), lora_layers(module), full)
 
 
 class VLLMEngine:

@@ -1,10 +1,10 @@
 """The overfitting study's pilot (issue 39, item 1): does GRPO memorise in the regime, in every pilot seed?
 
-Its rule was committed before it ran (studies/overfit/overfit_plan.md, "Pilot"): for each regime of PILOT_REGIMES in order,
-grpo runs with the pilot seeds (PILOT_SEEDS, which no main run uses) and the study's final sweep; the regime passes
-when, in every pilot seed, the held-out Avg@4 at T = 1.0 is at least GATE_DROP points below the base model's and the
-train–eval gap at T = 1.0 (Avg@4 on every training query minus held-out Avg@4) is at least GATE_GAP points. The first
-regime that passes is the study's; when none does, the study stops there. No other arm runs in the pilot.
+Its rule was committed before it ran (studies/overfit/overfit_plan.md, "Pilot"): for each regime of PILOT_REGIMES in
+order, grpo runs with the pilot seeds (PILOT_SEEDS, which no main run uses) and the study's final sweep; the regime
+passes when, in every pilot seed, the held-out Avg@4 at T = 1.0 is at least GATE_DROP points below the base model's and
+the train–eval gap at T = 1.0 (Avg@4 on every training query minus held-out Avg@4) is at least GATE_GAP points. The
+first regime that passes is the study's; when none does, the study stops there. No other arm runs in the pilot.
 
     .venv/bin/python -m studies.overfit.pilot           # runs under studies/overfit/pilot_runs/<regime>, pilot.json
 

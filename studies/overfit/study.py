@@ -76,8 +76,8 @@ FULL = StudySettings(steps=REGIME.steps, seeds=tuple(range(8)), temperatures=(1.
 QUICK = StudySettings(steps=4, seeds=(0,), temperatures=(1.0, 1.5), eval_problems=16, eval_k=2,
                       train_sample_size=ALL_QUERIES)  # fmt: skip
 
-# Decision rules (overfit_plan.md, "Claims and decision rules"): accuracies and gaps by SignTest (sign test over >= 8 seeds,
-# bootstrap interval of the mean margin), Query-KL ratios by k of n (>= 80% of seeds holds, <= 20% fails).
+# Decision rules (overfit_plan.md, "Claims and decision rules"): accuracies and gaps by SignTest (sign test over >= 8
+# seeds, bootstrap interval of the mean margin), Query-KL ratios by k of n (>= 80% of seeds holds, <= 20% fails).
 BEATS = SignTest(effect=3.0)  # a win counts from 3 points (mean paired margin)
 NOT_BELOW_BASE = SignTest(effect=0.0)  # above the base model in nearly every seed; refuted when surely below
 

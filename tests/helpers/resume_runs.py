@@ -1,7 +1,9 @@
-"""A resumable fit in this process (the steps it trained: queries, rows, logged metrics; the final weights), and `erpo`
-in this process run to its end (`run_main`: its exit status, 0 when it returns)."""
+"""A resumable fit in this process (the steps it trained: queries, rows, logged metrics; the final weights), a run
+resumed mid-way checked against the uninterrupted one (`resumed_equals_full_run`), and `erpo` in this process run to
+its end (`run_main`: its exit status, 0 when it returns)."""
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
@@ -32,10 +34,10 @@ class RecordQueriesAndMetrics(L.Callback):
 
 def run(
     model_path, data_file, root, max_steps, ckpt_path=None, rollout_seed=0, extra_callbacks=(), logger=False,
-    log_every_n_steps=50,
+    log_every_n_steps=50, module_kwargs=None,
 ):  # fmt: skip
     L.seed_everything(0)
-    module = ERPOModule(str(model_path), learning_rate=1e-3)
+    module = ERPOModule(str(model_path), learning_rate=1e-3, **(module_kwargs or {}))
     data = QueryDataModule(
         str(model_path), [{"path": str(data_file), "limit": 12}], template="plain", max_prompt_length=1024,
         batch_size=2, cache_dir=str(root / "cache"),
@@ -55,6 +57,29 @@ def run(
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return recorder.steps, {k: v.clone() for k, v in module.policy.state_dict().items()}
+
+
+def resumed_equals_full_run(model_path, data_file, root, rollout_seed=0, module_kwargs=None) -> dict:
+    """Train 4 steps, and 2 steps then resumed from the step-2 checkpoint to step 4; assert the resumed steps are the
+    full run's last two (data position, sampled rows, logged metrics within 1e-6) and the final weights agree within
+    1e-6. Returns the full run's final weights."""
+    settings = dict(rollout_seed=rollout_seed, module_kwargs=module_kwargs)
+    full_steps, full_weights = run(model_path, data_file, root / "full", 4, **settings)
+    run(model_path, data_file, root / "part", max_steps=2, **settings)
+    checkpoint = root / "part" / "ckpt" / "step=2.ckpt"
+    resumed_steps, resumed_weights = run(model_path, data_file, root / "part", 4, ckpt_path=checkpoint, **settings)
+    assert [s[0] for s in resumed_steps] == [3, 4]
+    for (step, queries, rows, metrics), (r_step, r_queries, r_rows, r_metrics) in zip(
+        full_steps[2:], resumed_steps, strict=True
+    ):
+        assert (step, queries) == (r_step, r_queries)  # the same data position
+        assert rows == r_rows  # the same sampled responses (seed counter, or the restored RNG state)
+        for name in LOGGED:
+            assert abs(metrics[name] - r_metrics[name]) < 1e-6, (step, name, metrics[name], r_metrics[name])
+    assert resumed_weights.keys() == full_weights.keys()
+    for key in full_weights:
+        torch.testing.assert_close(resumed_weights[key], full_weights[key], atol=1e-6, rtol=0)
+    return full_weights
 
 
 def run_main(*args) -> int:
