@@ -61,11 +61,6 @@ class LoraSettings:
     def __post_init__(self) -> None:
         check_lora_settings(asdict(self))
 
-    @property
-    def scale(self) -> float:
-        """alpha / r, the factor of B·A."""
-        return self.alpha / self.r
-
 
 def check_lora_settings(settings: LoraSettings | Mapping[str, Any] | None) -> None:
     """ValueError naming the first `model.peft.<field>` outside its range (None: nothing to check)."""

@@ -14,6 +14,8 @@ import csv
 import itertools
 from pathlib import Path
 
+from studies.real_model.table import one_file
+
 
 def coasting_split(metrics_csv: Path) -> dict[str, float]:
     """{'steps', 'zero_grad_steps', 'change', 'change_on_zero_grad', 'change_on_signal'} of one run's metrics.csv."""
@@ -43,10 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories, each holding one metrics.csv")
     for run in parser.parse_args().runs:
-        found = sorted(run.rglob("metrics.csv"))
-        if len(found) != 1:
-            raise SystemExit(f"{run}: expected one metrics.csv, found {len(found)}")
-        split = coasting_split(found[0])
+        split = coasting_split(one_file(run, "metrics.csv"))
         print(
             f"{run}: {split['zero_grad_steps']} of {split['steps'] - 1} observed updates had gradient norm 0; "
             f"query log-likelihood change {split['change']:+.2f} nats, of which {split['change_on_zero_grad']:+.2f} "
