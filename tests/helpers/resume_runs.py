@@ -52,7 +52,7 @@ def run(
     # The `erpo` command's trainer: its checkpoints are written by AtomicCheckpointIO (temporary file, then rename).
     trainer = ERPOLightningTrainer(
         max_steps=max_steps, accelerator="cpu", logger=logger, log_every_n_steps=log_every_n_steps,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        default_root_dir=root, enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
     )  # fmt: skip
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
