@@ -8,8 +8,9 @@ Sides differ by environment and flags (SIDES): `package` is the command and conf
 config before the memory work, the others the candidates measured to choose the setting. The
 JSON gives, per side, every phase record of the last round, the whole run's peak resident set (the largest phase
 peak), the median step time (rollout + optimizer steps, the first step left out), the seconds from launching the
-command to the start of the first training step (the reference cache is built in the first run and read after), and
-the wall time.
+command to the start of the first training step (the reference cache is built in the first run and read after), the
+wall time, and what the last round learned (each step's Query-KL, reward and accuracy, and the held-out sweep's avg@4
+before and after training, from its metrics.csv).
 
     .venv/bin/python bench/bench_fit_memory.py --config configs/smollm2_arith.yaml \\
         --model "$(.venv/bin/python -m erpo_lightning.real_model)" --steps 4 --sweep-problems 25
@@ -47,7 +48,9 @@ ERPO = str(Path(sys.executable).with_name("erpo"))
 # raising it after each large free), and two arenas instead of eight per core. The last four are the candidates for
 # a step's own peak, on top of the package: half the micro-batch (activations and logits scale with its tokens), half
 # the KV cache (vLLM's preallocated block pool), and recomputing each layer's activations in backward (alone and with
-# half the KV cache).
+# half the KV cache). `lora`: LoRA adapters instead of full fine-tuning (docs/lora.md), at r = 16 on every linear
+# layer with docs/lora.md's learning rate (1e-4, ten times the example's: adapters start at B = 0 and are commonly
+# trained at a larger rate than the full model), everything else as shipped.
 UNTUNED = {"ERPO_MALLOC_TRIM": "0"}
 MICRO_512 = ["--model.micro_batch_tokens", "512"]
 KV_512MIB = ["--rollout.engine.init_args.kv_cache_memory_bytes", str(2**29)]
@@ -62,7 +65,12 @@ SIDES: dict[str, dict] = {
     "micro_512_kv_512mib": {"env": {}, "flags": [*MICRO_512, *KV_512MIB]},
     "checkpointing": {"env": {}, "flags": CHECKPOINTING},
     "checkpointing_kv_512mib": {"env": {}, "flags": [*CHECKPOINTING, *KV_512MIB]},
+    "lora": {"env": {}, "flags": ["--model.peft.r", "16", "--model.learning_rate", "1e-4"]},
 }
+# What the run learned, from its metrics.csv: per-step columns reported as lists, and the held-out sweep's columns
+# (before and after training) as they were logged.
+STEP_COLUMNS = ("train/query_kl_token_k3", "train/query_kl", "rollout/reward_mean", "rollout/accuracy")
+SWEEP_PREFIX = "val/avg@4/mean/"
 
 
 SMOLLM2_BODY = {"hidden_size": 576, "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "intermediate_size": 1536}
@@ -113,6 +121,7 @@ def one_run(side: str, args: argparse.Namespace) -> dict:
         if done.returncode != 0:
             sys.exit(f"side {side} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         records = [json.loads(line) for line in probe.read_text().splitlines()]
+        learned = training_metrics(run_dir)
     starts = {r["step"]: r["seconds"] for r in records if r["phase"] == "step_start"}
     step_seconds = [r["seconds"] - starts[r["step"]] for r in records if r["phase"] == "train"]
     first_step = next(r["unix_time"] for r in records if r["phase"] == "step_start")
@@ -122,7 +131,23 @@ def one_run(side: str, args: argparse.Namespace) -> dict:
         "peak_rss_gib": round(max(r["peak"] for r in records) / 2**30, 3),
         "median_step_seconds": round(statistics.median(step_seconds[1:] or step_seconds), 2),
         "phases": records,
+        "metrics": learned,
     }
+
+
+def training_metrics(run_dir: Path) -> dict[str, list[float]]:
+    """STEP_COLUMNS per training step and the sweep's `SWEEP_PREFIX` columns (start, end) of the run's metrics.csv."""
+    import pandas as pd
+
+    found = sorted(run_dir.rglob("metrics.csv"))
+    if len(found) != 1:
+        sys.exit(f"expected one metrics.csv under {run_dir}, found {len(found)}: set a CSVLogger in the config")
+    table = pd.read_csv(found[0])
+    steps = table.dropna(subset=["train/query_kl_token_k3"])
+    learned = {name: [round(float(value), 6) for value in steps[name]] for name in STEP_COLUMNS if name in steps}
+    for name in (column for column in table.columns if column.startswith(SWEEP_PREFIX)):
+        learned[name] = [round(float(value), 4) for value in table[name].dropna()]
+    return learned
 
 
 def main() -> None:
@@ -148,6 +173,7 @@ def main() -> None:
             "median_step_seconds": [r["median_step_seconds"] for r in runs],
             "wall_seconds": [r["wall_seconds"] for r in runs],
             "launch_to_first_step_seconds": [r["launch_to_first_step_seconds"] for r in runs],
+            "metrics_last_round": runs[-1]["metrics"],
             "phases_last_round": runs[-1]["phases"],
         }
         for side, runs in results.items()
