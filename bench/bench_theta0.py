@@ -114,7 +114,11 @@ def main() -> None:
             zero = zero_signal_fit(args, dtype, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+        # Each measurement as it ends, so that a stopped run keeps what it measured (a bfloat16 backward on a CPU
+        # without bf16 matrix units can take hours).
+        print(f"{dtype} zero_signal token_k3: {zero}", file=sys.stderr, flush=True)
         back = pulled_back(args, dtype)
+        print(f"{dtype} pulled_back token_k3: {back}", file=sys.stderr, flush=True)
         results[dtype] = {
             "zero_signal_token_k3": zero,
             "zero_signal_first_is_exactly_0": zero[0] == 0.0,
