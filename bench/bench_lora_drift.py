@@ -7,13 +7,14 @@ Each run is `erpo fit --config configs/quickstart.yaml` (the shipped 0.28M toy m
 JSON gives per arm and seed the final and largest token-k3 Query-KL (`train/query_kl_token_k3`: the same estimator
 for every arm), the mean reward of the first and last 20 steps, the number of training parameters and the wall time.
 
-    .venv/bin/python bench/bench_lora_drift.py --steps 100 --seeds 0 1 2
+    .venv/bin/python bench/bench_lora_drift.py --steps 40 --seeds 0 1 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import yaml
+from bench_fit_memory import training_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "quickstart.yaml"
@@ -58,18 +60,15 @@ def one_run(config: Path, arm: str, seed: int, steps: int, folder: Path) -> dict
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         sys.exit(f"{arm} seed {seed} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    import pandas as pd
-
-    (metrics,) = run_dir.rglob("metrics.csv")
-    table = pd.read_csv(metrics).dropna(subset=["train/query_kl_token_k3"])
-    kl, reward = table["train/query_kl_token_k3"], table["rollout/reward_mean"]
+    learned = training_metrics(run_dir)
+    kl, reward = learned["train/query_kl_token_k3"], learned["rollout/reward_mean"]
     trained = next((line for line in (done.stdout + done.stderr).splitlines() if "parameters train" in line), None)
     return {
-        "steps": len(table),
-        "query_kl_token_k3_final": float(kl.iloc[-1]),
-        "query_kl_token_k3_max": float(kl.max()),
-        "reward_first": round(float(reward.iloc[:WINDOW].mean()), 4),
-        "reward_last": round(float(reward.iloc[-WINDOW:].mean()), 4),
+        "steps": len(kl),
+        "query_kl_token_k3_final": kl[-1],
+        "query_kl_token_k3_max": max(kl),
+        "reward_first": round(statistics.fmean(reward[:WINDOW]), 4),
+        "reward_last": round(statistics.fmean(reward[-WINDOW:]), 4),
         "lora_line": trained,
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
