@@ -8,11 +8,14 @@ Two measurements for each `--dtypes` entry, both with exact query scoring (the d
   optimizer's state, here none, as weight decay is 0) could move the policy. Reports token-k3 Query-KL at every step;
   it should be exactly 0 at the first step and stay ≤ 1e-9.
 - `pulled_back`: the same model, every weight perturbed by Gaussian noise of `--noise` times its tensor's standard
-  deviation, then `--steps` updates on a replayed batch whose rewards are all 0 (every advantage 0, so the only
-  gradient is Query-KL's). Reports token-k3 at the first and last step; the regulariser works if it falls.
+  deviation, then `--pull-back-steps` (default `--steps`) updates on a replayed batch whose rewards are all 0 (every
+  advantage 0, so the only gradient is Query-KL's). Reports token-k3 at every step; the regulariser works if it falls.
 
     .venv/bin/python bench/bench_theta0.py --model-path "$(.venv/bin/python -m erpo_lightning.real_model)"
     .venv/bin/python bench/bench_theta0.py --model-path erpo_lightning/toy/shipped --chat-template false
+    # bfloat16's backward is slow on a CPU without bf16 matrix units: its pull-back alone, with fewer updates
+    .venv/bin/python bench/bench_theta0.py --model-path "$(...)" --dtypes bfloat16 --measurements pulled_back \
+        --pull-back-steps 3
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def pulled_back(args, dtype: str) -> list[float]:
         def on_train_batch_end(self, trainer, *_):
             logged.append(float(trainer.callback_metrics["train/query_kl_token_k3"]))
 
-    fit_replayed(module, batch, args.steps - 1, callbacks=[Record()])
+    fit_replayed(module, batch, args.pull_back_steps - 1, callbacks=[Record()])
     return logged
 
 
@@ -98,35 +101,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", required=True, help="a Hugging Face model folder")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="steps of the zero-signal fit")
+    parser.add_argument("--pull-back-steps", type=int, help="updates of the perturbed policy (default: --steps)")
+    parser.add_argument(
+        "--measurements",
+        nargs="+",
+        choices=["zero_signal", "pulled_back"],
+        default=["zero_signal", "pulled_back"],
+        help="which measurements to run, each per dtype",
+    )
     parser.add_argument("--queries", type=int, default=64, help="training problems of the zero-signal fit")
     parser.add_argument("--chat-template", type=lambda text: text == "true", default=True)
     parser.add_argument("--noise", type=float, default=0.1, help="perturbation, in units of each tensor's std")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     args.model_path = str(Path(args.model_path).resolve())  # the fit runs in its own work folder
+    args.pull_back_steps = args.pull_back_steps or args.steps
+    if args.pull_back_steps < 2:
+        parser.error("--pull-back-steps must be at least 2: the first and the last step are compared")
     torch.set_num_threads(args.threads)
     results = {}
     for dtype in args.dtypes:
         start = time.perf_counter()
-        workdir = Path(tempfile.mkdtemp(prefix="bench_theta0_"))
-        try:
-            zero = zero_signal_fit(args, dtype, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        # Each measurement as it ends, so that a stopped run keeps what it measured (a bfloat16 backward on a CPU
-        # without bf16 matrix units can take hours).
-        print(f"{dtype} zero_signal token_k3: {zero}", file=sys.stderr, flush=True)
-        back = pulled_back(args, dtype)
-        print(f"{dtype} pulled_back token_k3: {back}", file=sys.stderr, flush=True)
-        results[dtype] = {
-            "zero_signal_token_k3": zero,
-            "zero_signal_first_is_exactly_0": zero[0] == 0.0,
-            "zero_signal_max": max(zero),
-            "pulled_back_token_k3": back,
-            "pulled_back_ratio_last_over_first": back[-1] / back[0] if back[0] else None,
-            "seconds": round(time.perf_counter() - start, 1),
-        }
+        result = {}
+        # Each measurement is printed as it ends, so that a stopped run keeps what it measured (a bfloat16 backward
+        # on a CPU without bf16 matrix units can take hours).
+        if "zero_signal" in args.measurements:
+            workdir = Path(tempfile.mkdtemp(prefix="bench_theta0_"))
+            try:
+                zero = zero_signal_fit(args, dtype, workdir)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            print(f"{dtype} zero_signal token_k3: {zero}", file=sys.stderr, flush=True)
+            result |= {"zero_signal_token_k3": zero, "zero_signal_first_is_exactly_0": zero[0] == 0.0,
+                       "zero_signal_max": max(zero)}  # fmt: skip
+        if "pulled_back" in args.measurements:
+            back = pulled_back(args, dtype)
+            print(f"{dtype} pulled_back token_k3: {back}", file=sys.stderr, flush=True)
+            result |= {"pulled_back_token_k3": back,
+                       "pulled_back_ratio_last_over_first": back[-1] / back[0] if back[0] else None}  # fmt: skip
+        results[dtype] = result | {"seconds": round(time.perf_counter() - start, 1)}
     print(json.dumps({"config": vars(args), "torch": torch.__version__, "results": results}, indent=2))
 
 
