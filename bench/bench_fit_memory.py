@@ -9,7 +9,7 @@ config before the memory work, the others the candidates measured to choose the 
 JSON gives, per side, every phase record of the last round, the whole run's peak resident set (the largest phase
 peak), the median step time (rollout + optimizer steps, the first step left out), the seconds from launching the
 command to the start of the first training step (the reference cache is built in the first run and read after), the
-wall time, and what the last round learned (each step's Query-KL, reward and accuracy, and the held-out sweep's avg@4
+wall time, and what the last round learned (each step's Query-KL, reward and accuracy, and the held-out sweep's avg@k
 before and after training, from its metrics.csv).
 
     .venv/bin/python bench/bench_fit_memory.py --config configs/smollm2_arith.yaml \\
@@ -70,7 +70,7 @@ SIDES: dict[str, dict] = {
 # What the run learned, from its metrics.csv: per-step columns reported as lists, and the held-out sweep's columns
 # (before and after training) as they were logged.
 STEP_COLUMNS = ("train/query_kl_token_k3", "train/query_kl", "rollout/reward_mean", "rollout/accuracy")
-SWEEP_PREFIX = "val/avg@4/mean/"
+SWEEP_PREFIX = "val/avg@k/mean"  # the sweep's Avg@k over benchmarks: overall and per temperature (/T=...)
 
 
 SMOLLM2_BODY = {"hidden_size": 576, "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "intermediate_size": 1536}
