@@ -14,8 +14,8 @@ Two measurements for each `--dtypes` entry, both with exact query scoring (the d
     .venv/bin/python bench/bench_theta0.py --model-path "$(.venv/bin/python -m erpo_lightning.real_model)"
     .venv/bin/python bench/bench_theta0.py --model-path erpo_lightning/toy/shipped --chat-template false
     # bfloat16's backward is slow on a CPU without bf16 matrix units: its pull-back alone, with fewer updates
-    .venv/bin/python bench/bench_theta0.py --model-path "$(...)" --dtypes bfloat16 --measurements pulled_back \
-        --pull-back-steps 3
+    .venv/bin/python bench/bench_theta0.py --model-path "$(.venv/bin/python -m erpo_lightning.real_model)" \
+        --dtypes bfloat16 --measurements pulled_back --pull-back-steps 3
 """
 
 from __future__ import annotations
