@@ -12,12 +12,23 @@ initial model has moved since training (the weights must still fit it).
 
 A LoRA run's checkpoint (`model.peft`) is written merged (W + scale·B·A per adapted layer, `merged_weights`): a plain
 model that transformers and vLLM load without peft. `--adapter_out` also writes the adapter alone in peft's format
-(`adapter_config.json`, `adapter_model.safetensors`: `PeftModel.from_pretrained(base, ADAPTER_DIR)`).
+(`adapter_config.json`, `adapter_model.safetensors`: `PeftModel.from_pretrained(base, ADAPTER_DIR)`); its
+`base_model_name_or_path` is the initial model's absolute path (or its Hub id), wherever the export ran from.
+
+Before anything loads, `--out` and `--adapter_out` must be folders (or not exist yet) that do not overlap: the same
+folder, or one inside the other, would put the adapter beside (or around) the merged model, which already holds it.
+After writing, the folder is read back (config.json, and safetensors whose tensor names cover the written state
+dict) before the export counts as done. A model whose config ties the LM head to the input embeddings but whose
+trained head differs from them (LoRA on the head, from a checkpoint older than the refusal in modules/lora.py) is
+written untied: `tie_word_embeddings: false` in config.json and `lm_head.weight` in the weights
+(`merged_weights.tied_head_state`), so that no loader silently swaps the trained head for the embeddings.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +36,13 @@ import torch
 
 from erpo_lightning.checkpointing import read_checkpoint
 from erpo_lightning.errors import SettingsError
-from erpo_lightning.merged_weights import base_model_state_dict
+from erpo_lightning.merged_weights import base_model_state_dict, embedding_weight_names, tied_head_state
 from erpo_lightning.modules.lora import lora_config, lora_settings
 from erpo_lightning.resume_config import CONFIG_KEY
+
+
+class ExportError(ValueError):
+    """The written folder is not a loadable model (`check_exported_folder`): one line naming it, exit status 1."""
 
 
 def checkpoint_model_settings(ckpt_path: str | Path) -> dict[str, Any]:
@@ -51,22 +66,51 @@ def checkpoint_model_settings(ckpt_path: str | Path) -> dict[str, Any]:
     }
 
 
+def check_output_folders(out: str | Path, adapter_out: str | Path | None = None) -> None:
+    """SettingsError when `--out` or `--adapter_out` is an existing file, or when the two folders overlap (the same
+    folder, or one inside the other, after resolving links and `..`): checked before anything loads."""
+    for flag, path in (("--out", out), ("--adapter_out", adapter_out)):
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            raise SettingsError(f"{flag}: {path} is a file, not a folder; name a folder to write the model into")
+    if adapter_out is None:
+        return
+    merged, adapter = Path(out).resolve(), Path(adapter_out).resolve()
+    if merged == adapter or merged in adapter.parents or adapter in merged.parents:
+        raise SettingsError(
+            f"--adapter_out {adapter_out} and --out {out} overlap (the same folder, or one inside the other): the "
+            "merged model already holds the adapter, and loading it beside the adapter's files would apply the "
+            "adapter a second time; give them separate folders"
+        )
+
+
+def initial_model_reference(source: str) -> str:
+    """`source` as a reader elsewhere finds it: the absolute path of a local model, a Hub id unchanged."""
+    path = Path(source).expanduser()
+    return str(path.resolve()) if path.exists() else source
+
+
 def export_checkpoint(
     ckpt_path: str | Path, out: str | Path, model_path: str | None = None, adapter_out: str | Path | None = None
 ) -> Path:
     """Write the policy of `ckpt_path` to `out` as a Hugging Face folder (weights as safetensors, config.json,
-    generation_config.json, tokenizer files) and return `out`.
+    generation_config.json, tokenizer files) and return `out`, once it is read back as a loadable model.
 
     Args:
         ckpt_path: a Lightning checkpoint file or FSDP2 sharded checkpoint folder of an ERPOModule run.
-        out: the folder to write (created; files of the same names are replaced).
+        out: the folder to write (created; files of the same names are replaced); not an existing file.
         model_path: the run's initial model; None = the one the checkpoint names.
-        adapter_out: a LoRA run only: also write the adapter alone there, in peft's `save_pretrained` format.
+        adapter_out: a LoRA run only: also write the adapter alone there, in peft's `save_pretrained` format, with
+            `base_model_name_or_path` the initial model's absolute path (or Hub id); a folder apart from `out`.
+
+    Raises:
+        SettingsError: before anything loads, for a bad `out` / `adapter_out` (`check_output_folders`) or checkpoint.
+        ExportError: the written folder does not hold a loadable model (`check_exported_folder`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from erpo_lightning.evaluation.validate import load_policy_weights
 
+    check_output_folders(out, adapter_out)
     settings = checkpoint_model_settings(ckpt_path)
     source = model_path or settings["model_path"]
     if not (Path(source) / "config.json").is_file() and Path(source).exists():
@@ -90,12 +134,75 @@ def export_checkpoint(
         adapters = get_peft_model(model, lora_config(lora))  # wraps `model`, adding the adapters to it in place
     load_policy_weights(model, str(ckpt_path))
     if adapter_out is not None:
+        adapters.peft_config["default"].base_model_name_or_path = initial_model_reference(source)
         adapters.save_pretrained(Path(adapter_out))
+        check_adapter_folder(Path(adapter_out))
     out = Path(out)
+    state = tied_head_state(model, base_model_state_dict(model))  # may set config.tie_word_embeddings false
     # Also writes generation_config.json, the initial model's (or transformers' default).
-    model.save_pretrained(out, state_dict=base_model_state_dict(model))
+    model.save_pretrained(out, state_dict=state)
     AutoTokenizer.from_pretrained(source, trust_remote_code=settings["trust_remote_code"]).save_pretrained(out)
+    check_exported_folder(out, state, embedding_weight_names(model), settings["trust_remote_code"])
     return out
+
+
+def check_exported_folder(
+    folder: Path,
+    state: Mapping[str, torch.Tensor],
+    embeddings: tuple[str, str] | None = None,
+    trust_remote_code: bool = False,
+) -> None:
+    """ExportError naming `folder` unless it holds config.json and safetensors weights (`model.safetensors`, or
+    `model.safetensors.index.json` and every shard it names) whose tensor names cover `state`, the state dict
+    written: an entry counts as covered when it, or an entry sharing its storage (a tied weight, saved once), is in
+    the files. Only the files' headers are read.
+
+    Args:
+        embeddings: the (input embedding, LM head) weight names (`merged_weights.embedding_weight_names`): a config
+            that ties them must not come with both in the files (a loader would keep one and drop the other).
+        trust_remote_code: needed to read the config of a model with code of its own.
+    """
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    def fail(problem: str) -> ExportError:
+        return ExportError(f"the exported folder {folder} does not hold a loadable model: {problem}")
+
+    if not (folder / "config.json").is_file():
+        raise fail("no config.json")
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file():
+        shards = [folder / "model.safetensors"]
+    elif index.is_file():
+        shards = [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    else:
+        raise fail("no model.safetensors (nor model.safetensors.index.json)")
+    written: set[str] = set()
+    for shard in shards:
+        if not shard.is_file():
+            raise fail(f"its index names {shard.name}, which is missing")
+        with safe_open(str(shard), framework="pt") as handle:
+            written.update(handle.keys())
+    storages: dict[tuple[int, tuple[int, ...]], set[str]] = {}
+    for name, tensor in state.items():
+        storages.setdefault((tensor.data_ptr(), tuple(tensor.shape)), set()).add(name)
+    missing = [names for names in storages.values() if not names & written]
+    if missing:
+        shown = sorted(min(names) for names in missing)
+        raise fail(f"{len(shown)} of the model's tensors are not in its safetensors (first: {shown[0]})")
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code).get_text_config()
+    except (OSError, ValueError) as error:
+        raise fail(f"its config.json does not load ({type(error).__name__})") from None
+    if embeddings is not None and getattr(config, "tie_word_embeddings", False) and set(embeddings) <= written:
+        raise fail(f"config.json ties the LM head to the input embeddings, yet {embeddings[1]} is written on its own")
+
+
+def check_adapter_folder(folder: Path) -> None:
+    """ExportError naming `folder` unless it holds peft's adapter_config.json and adapter_model.safetensors."""
+    missing = [name for name in ("adapter_config.json", "adapter_model.safetensors") if not (folder / name).is_file()]
+    if missing:
+        raise ExportError(f"the adapter folder {folder} does not hold the adapter: no {missing[0]}")
 
 
 def push_to_hub(folder: Path, repo_id: str) -> str:

@@ -7,6 +7,11 @@ A policy trained with `model.peft` (modules/lora.py) holds, for each adapted lin
 float32 and cast back to its dtype, without changing the policy. A policy without LoRA layers passes through
 unchanged, so every caller uses this one function. At B = 0 (step 0) the merged weight equals W to the bit.
 
+A model whose config ties its LM head to its input embeddings (`tie_word_embeddings: true`) but whose merged head
+differs from them (LoRA on the head, which training now refuses, in an older checkpoint) is written untied:
+`tied_head_state` sets the flag to false, so that every loader (vLLM drops a tied model's `lm_head.weight`) reads
+the trained head.
+
 peft is not imported here: LoRA layers exist only once it is, so without it there is nothing to merge.
 """
 
@@ -125,3 +130,38 @@ def theta0_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.
         for name, p in named
         if not _is_adapter_entry(name, layers)
     ]
+
+
+def embedding_weight_names(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(input embedding weight, LM head weight) of `model` under its base model's names (e.g.
+    `model.embed_tokens.weight`, `lm_head.weight`); None when it has no such pair."""
+    get_input = getattr(model, "get_input_embeddings", None)
+    get_output = getattr(model, "get_output_embeddings", None)
+    if not callable(get_input) or not callable(get_output):
+        return None
+    inputs, head = get_input(), get_output()
+    names = {id(module): name for name, module in model.named_modules()}
+    if inputs is None or head is None or id(inputs) not in names or id(head) not in names:
+        return None
+    return f"{names[id(inputs)]}.weight", f"{names[id(head)]}.weight"
+
+
+def tied_head_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` (`base_model_state_dict(model)`) made consistent with `model.config`'s `tie_word_embeddings` before it
+    is written: a tied model's head that differs from its input embeddings unties the config (the flag set to false
+    in place, the head written on its own); one equal to them but a separate copy (a LoRA head at B = 0) is replaced by
+    the embeddings' tensor, so that one matrix is written. Untied models, and heads that are the embeddings' own
+    tensor, are returned as they are."""
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    names = embedding_weight_names(model)
+    if names is None or not getattr(text_config, "tie_word_embeddings", False):
+        return state
+    embeddings, head = names
+    if embeddings not in state or head not in state or state[head].data_ptr() == state[embeddings].data_ptr():
+        return state
+    if torch.equal(state[head], state[embeddings]):
+        return {**state, head: state[embeddings]}
+    for owner in {id(config): config, id(text_config): text_config}.values():
+        owner.tie_word_embeddings = False
+    return state

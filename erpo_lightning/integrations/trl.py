@@ -38,6 +38,7 @@ from erpo_lightning.integrations.trl_guards import (
     reward_problem,
 )
 from erpo_lightning.logprobs import position_ids_from_mask
+from erpo_lightning.modules.lora import peft_config_problem
 from erpo_lightning.modules.query_pass import exact_query_kl, step_query_weights, unique_prompts
 from erpo_lightning.modules.settings import QueryKLScoring
 
@@ -166,6 +167,10 @@ class ERPOTrainer(GRPOTrainer):
         algorithm = _algorithm(algorithm, overrides)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         problem = _unsupported(config, algorithm) if config is not None else None  # before TRL builds anything
+        if problem is None:  # LoRA on a tied LM head: refused before the model loads (modules/lora.py)
+            remote = bool((getattr(config, "model_init_kwargs", None) or {}).get("trust_remote_code", False))
+            peft_config = kwargs.get("peft_config", args[10] if len(args) > 10 else None)
+            problem = peft_config_problem(peft_config, kwargs.get("model", args[0] if args else None), remote)
         if problem is None:
             super().__init__(*args, **kwargs)
             problem = _unsupported(self.args, algorithm) or _unsupported_inputs(self)

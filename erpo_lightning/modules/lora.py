@@ -6,6 +6,11 @@ Hugging Face model class (generation, FSDP2's per-layer units and the log-prob c
 each adapted linear layer computes W·x + scale·B·A·x with scale = alpha / r, and only A and B train. B starts at 0, so
 the policy at step 0 is the base model, θ0, to the bit: the reference cache is the base model's, whatever `peft` says.
 
+`target_modules` is checked against the model before any weight loads (`check_lora_targets_before_loading`: the
+model built from its config.json on the meta device): every entry must name linear layers, and not the LM head of a
+model that ties it to its input embeddings (`tie_word_embeddings: true`), whose adapted head vLLM and exported models
+would drop, keeping the shared base matrix.
+
 peft is imported only here and only when `model.peft` is set (`pip install 'erpo_lightning[lora]'`). docs/lora.md.
 """
 
@@ -13,8 +18,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -104,9 +111,11 @@ def add_lora_adapters(model: torch.nn.Module, settings: LoraSettings) -> str:
     (`trainable_summary`).
 
     A is drawn from `settings.seed` without touching the global RNG; B is 0, so the model's outputs are unchanged.
-    Raises ValueError when `target_modules` matches no layer or a layer LoRA cannot merge as a linear one.
+    Raises ValueError when `target_modules` matches no layer or a layer LoRA cannot merge as a linear one
+    (`check_lora_targets`, which `erpo fit` and the module's constructor already ran on the model's skeleton).
     """
     require_peft()
+    check_lora_targets(settings, model, str(getattr(model, "name_or_path", "") or "the model"))
     from peft import inject_adapter_in_model
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
@@ -136,3 +145,128 @@ def trainable_summary(settings: LoraSettings, model: torch.nn.Module) -> str:
         f"LoRA r={settings.r} alpha={settings.alpha:g} on {settings.target_modules}: {trainable:,} of {total:,} "
         f"parameters train ({100 * trainable / total:.2f}%)"
     )
+
+
+# ------------------------------------------------------------------------------------------ target_modules checks
+def model_skeleton(model_path: str, trust_remote_code: bool = False) -> torch.nn.Module | None:
+    """The causal LM of `model_path` built from its config.json on the meta device (no weights read or allocated;
+    milliseconds even for a 7B model); None when the config cannot be read (the model's load then reports why)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except Exception:  # an early check only: the real load reports the problem, and `add_lora_adapters` checks again
+        return None
+
+
+def check_lora_targets_before_loading(
+    settings: LoraSettings | Mapping[str, Any] | None, model_path: str | None, trust_remote_code: bool = False
+) -> None:
+    """`check_lora_targets` on the skeleton of `model_path` (`model_skeleton`), before anything loads.
+
+    Nothing is checked without settings, for `all-linear`, without a path, for a `.gguf` file (checked once it is
+    converted: the CLI hands the module the converted folder) or when the config cannot be read.
+    """
+    if settings is None or not model_path or str(model_path).lower().endswith(".gguf"):
+        return
+    if lora_settings(settings).target_modules == "all-linear":
+        return
+    skeleton = model_skeleton(str(model_path), trust_remote_code)
+    if skeleton is not None:
+        check_lora_targets(settings, skeleton, str(model_path))
+
+
+def check_lora_targets(settings: LoraSettings | Mapping[str, Any], model: torch.nn.Module, source: str) -> None:
+    """ValueError naming the first `model.peft.target_modules` entry that does not adapt linear layers of `model` only:
+    one that matches no module, a container (`layers`, `self_attn`, `mlp`), an embedding (`embed_tokens`), or the LM
+    head of a model that ties it to its input embeddings. `all-linear` always passes (peft leaves the head out).
+
+    Args:
+        settings: the LoRA settings (their ranges are checked too).
+        model: the model, or its meta-device skeleton (`model_skeleton`): only module names and types are read.
+        source: the model's path or Hub id, as the error names it.
+    """
+    lora = lora_settings(settings)
+    if lora.target_modules == "all-linear":
+        return
+    head = _tied_head(model)
+    linear = _linear_layer_names(model, head)
+    for entry in lora.target_modules:
+        matched = _matching_modules(entry, model)
+        field_entry = f"model.peft.target_modules entry {entry!r}"
+        if not matched:
+            raise ValueError(f"{field_entry} matches no layer of {source}; its linear layers: {', '.join(linear)}")
+        for name, module in matched:
+            if head is not None and module is head:
+                raise ValueError(f"{field_entry}: {_tied_head_problem(name, source)}")
+            if not _is_linear(module):
+                kind = "a container of layers" if any(True for _ in module.children()) else "not a linear layer"
+                raise ValueError(
+                    f"{field_entry} matches {name} ({type(module).__name__}), {kind}: LoRA here adapts linear layers "
+                    f"only (their merged weights are what the rollout engine and `erpo export` receive); the linear "
+                    f"layers of {source}: {', '.join(linear)}"
+                )
+
+
+def peft_config_problem(peft_config: Any, model: Any, trust_remote_code: bool = False) -> str | None:
+    """Why a peft `LoraConfig` cannot train `model` (a path, a Hub id or the model; TRL's `peft_config=`): its
+    `target_modules` (a list, a regex, `all-linear` or None, as peft takes them) adapt the head `model` ties to its
+    input embeddings. None when they do not, or when the model's config cannot be read (its load reports why)."""
+    targets = getattr(peft_config, "target_modules", None)
+    if targets is None or targets == "all-linear":
+        return None
+    source = str(model) if isinstance(model, str | Path) else str(getattr(model, "name_or_path", "") or "the model")
+    if isinstance(model, str | Path):
+        model = None if str(model).lower().endswith(".gguf") else model_skeleton(str(model), trust_remote_code)
+    head = _tied_head(model) if isinstance(model, torch.nn.Module) else None
+    for name, module in model.named_modules() if head is not None else ():
+        if module is head and _target_matches(targets, name):
+            shown = sorted(targets) if isinstance(targets, set | frozenset) else targets
+            return f"peft_config.target_modules {shown!r}: {_tied_head_problem(name, source)}"
+    return None
+
+
+def _tied_head_problem(name: str, source: str) -> str:
+    return (
+        f"{name} is the LM head, which {source} ties to its input embeddings (tie_word_embeddings: true in "
+        f"{source}/config.json); the rollout engine (vLLM) and exported models keep the one shared matrix, so the "
+        f"adapted head would be lost and their log-probs would leave the policy's. Drop {name.rpartition('.')[2]} "
+        "from target_modules, or use all-linear (which excludes the head)"
+    )
+
+
+def _tied_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The output embedding (LM head) of `model` when its config ties it to the input embedding, else None."""
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return None
+    get_head = getattr(model, "get_output_embeddings", None)
+    return get_head() if callable(get_head) else None
+
+
+def _is_linear(module: torch.nn.Module) -> bool:
+    """A layer whose LoRA merges into one [out, in] matrix: torch's Linear, or GPT-2's Conv1D ([in, out])."""
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, torch.nn.Linear | Conv1D)
+
+
+def _linear_layer_names(model: torch.nn.Module, tied_head: torch.nn.Module | None) -> list[str]:
+    """The last name parts of `model`'s linear layers (a tied head left out), in model order, once each."""
+    names = [name.rpartition(".")[2] for name, m in model.named_modules() if _is_linear(m) and m is not tied_head]
+    return list(dict.fromkeys(names))
+
+
+def _target_matches(target: str | Iterable[str], name: str) -> bool:
+    """peft's rule: a string is a regex the whole module name must match; a list entry matches the name itself or
+    its last dotted parts."""
+    if isinstance(target, str):
+        return re.fullmatch(target, name) is not None
+    return any(name == entry or name.endswith(f".{entry}") for entry in target)
+
+
+def _matching_modules(entry: str, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(name, module) for name, module in model.named_modules() if name and _target_matches([entry], name)]

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from erpo_lightning.modules.lora import check_lora_settings, require_peft
+from erpo_lightning.modules.lora import check_lora_settings, check_lora_targets_before_loading, require_peft
 from erpo_lightning.modules.optim import NonFiniteGuard, check_optimizer_settings
 from erpo_lightning.setting_rules import Rule, check_rules
 
@@ -60,7 +60,8 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
     """ValueError naming the first `model.` setting outside its allowed range (`model.<field> must be ...`).
 
     `settings` maps ERPOModule's parameter names to values (the constructor's arguments, or the CLI's parsed `model:`
-    group before anything is built); a name missing from it is not checked.
+    group before anything is built); a name missing from it is not checked. With `peft` set, its `target_modules`
+    are checked against the model's layers, read from `model_path`'s config.json (no weights).
     """
     check_rules("model", settings, _SETTING_RULES)
     check_optimizer_settings(
@@ -68,6 +69,9 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         settings.get("weight_decay"), settings.get("warmup_steps", 0),
     )  # fmt: skip
     NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
-    if settings.get("peft") is not None:  # LoRA: its ranges, and peft installed, before any model loads
+    if settings.get("peft") is not None:  # LoRA: its ranges, peft installed, its targets, before any weight loads
         check_lora_settings(settings["peft"])
         require_peft()
+        check_lora_targets_before_loading(
+            settings["peft"], settings.get("model_path"), bool(settings.get("trust_remote_code", False))
+        )
