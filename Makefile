@@ -18,9 +18,9 @@ real-model: env
 smollm2-arith: env
 	.venv/bin/erpo fit --config configs/smollm2_arith.yaml --model.model_path "$$(.venv/bin/python -m erpo_lightning.real_model)"
 
-# What CI runs: everything but the `heavy` real-model runs (each 10+ minutes on 2 CPU cores).
+# What CI runs: everything but the `heavy` real-model runs (each 10+ minutes on 2 CPU cores); prints the 25 slowest.
 test: env
-	.venv/bin/python -m pytest -q tests -m "not heavy"
+	.venv/bin/python -m pytest -q tests -m "not heavy" --durations=25
 
 # The real 135M model trained with vLLM end to end, fp32 and bf16 (tests/test_real_model.py).
 test-heavy: env

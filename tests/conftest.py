@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny Qwen2 model built locally (no hub) and the packaged benchmark files."""
+"""Shared fixtures: a tiny Qwen2 model built locally (no hub), the packaged benchmark files, and one healthy toy run."""
 
 from pathlib import Path
 
@@ -23,3 +23,12 @@ def tiny_model(tiny_model_path):
 def benchmarks_dir() -> Path:
     """The benchmark files packaged with erpo_lightning (erpo_lightning/benchmarks)."""
     return BENCHMARK_DIR
+
+
+@pytest.fixture(scope="session")
+def healthy_toy_run(tmp_path_factory):
+    """A healthy toy run (tests/helpers/healthy_run.py): one 12-step `erpo fit` whose logs, completions, progress
+    lines and checkpoint the tests that only read an artifact share. Read it; copy before changing anything."""
+    from helpers.healthy_run import run_healthy
+
+    return run_healthy(tmp_path_factory.mktemp("healthy_toy_run"))

@@ -1,14 +1,15 @@
-"""The `erpo` command line, run as a user runs it (a subprocess of the installed console script)."""
+"""The `erpo` command line: the installed console script as a user runs it (a subprocess: `--help`, cache then fit),
+and argument handling that loads nothing, in this process (`helpers.cli_runs.run_main`)."""
 
 import csv
 
 import pytest
 import yaml
+from helpers.cli_runs import run_main
 from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 
-pytestmark = pytest.mark.slow  # each test starts the `erpo` command (~10 s of imports)
 
-
+@pytest.mark.slow  # starts the `erpo` command (~10 s of imports)
 def test_help_lists_subcommands():
     result = run_erpo("--help")
     assert result.returncode == 0, result.stderr
@@ -16,10 +17,9 @@ def test_help_lists_subcommands():
         assert subcommand in result.stdout
 
 
-def test_print_config_has_every_group():
-    result = run_erpo("fit", "--print_config")
-    assert result.returncode == 0, result.stderr
-    config = yaml.safe_load(result.stdout)
+def test_print_config_has_every_group(capsys):
+    assert run_main("fit", "--print_config") == 0
+    config = yaml.safe_load(capsys.readouterr().out)
     assert {"trainer", "model", "data", "rollout"} <= set(config)
     assert config["model"]["algorithm"] == "erpo"
     # Unset: AdamW with model.learning_rate (1e-6) and a linear warm-up of model.warmup_steps (see modules/optim.py).
@@ -27,11 +27,10 @@ def test_print_config_has_every_group():
     assert (config["model"]["learning_rate"], config["model"]["warmup_steps"]) == (None, 0)
 
 
-def test_optimizer_and_schedule_from_the_command_line():
+def test_optimizer_and_schedule_from_the_command_line(capsys):
     flags = ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.1", "--model.lr_scheduler", "CosineAnnealingLR"]
-    result = run_erpo("fit", *flags, "--model.lr_scheduler.T_max", "10", "--print_config")
-    assert result.returncode == 0, result.stderr
-    model = yaml.safe_load(result.stdout)["model"]
+    assert run_main("fit", *flags, "--model.lr_scheduler.T_max", "10", "--print_config") == 0
+    model = yaml.safe_load(capsys.readouterr().out)["model"]
     assert model["optimizer"]["class_path"] == "torch.optim.SGD" and model["optimizer"]["init_args"]["lr"] == 0.1
     assert model["lr_scheduler"]["class_path"] == "torch.optim.lr_scheduler.CosineAnnealingLR"
     assert model["lr_scheduler"]["init_args"]["T_max"] == 10
@@ -51,6 +50,7 @@ def smoke_config(tmp_path, tiny_model_path, benchmarks_dir):
     return write_config(tmp_path / "smoke.yaml", config)
 
 
+@pytest.mark.slow  # two `erpo cache` and one `erpo fit` of the installed command
 def test_cache_then_fit_end_to_end(smoke_config, tmp_path):
     cached = run_erpo("cache", "--config", str(smoke_config), cwd=tmp_path)
     assert cached.returncode == 0, cached.stderr[-3000:]
@@ -72,9 +72,9 @@ def test_cache_then_fit_end_to_end(smoke_config, tmp_path):
     ]
 
 
-def test_a_setting_with_two_owners_is_refused_before_anything_loads(smoke_config, tmp_path):
+def test_a_setting_with_two_owners_is_refused_before_anything_loads(smoke_config, tmp_path, capsys):
     """The smoke config sets model.learning_rate; a configured optimizer owns its own (init_args.lr)."""
-    result = run_erpo("fit", "--config", str(smoke_config), "--model.optimizer", "SGD", cwd=tmp_path)
-    assert result.returncode != 0
-    assert "model.learning_rate is set together with model.optimizer" in result.stderr, result.stderr[-2000:]
+    assert run_main("fit", "--config", str(smoke_config), "--model.optimizer", "SGD") != 0
+    err = capsys.readouterr().err
+    assert "model.learning_rate is set together with model.optimizer" in err, err[-2000:]
     assert not (tmp_path / "run").exists()  # refused before the trainer, logger or cache existed

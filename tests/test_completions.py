@@ -3,11 +3,10 @@ conventions, bounded in rows and bytes, and the setting that turns it off."""
 
 import json
 
-from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
+from helpers.healthy_run import TRAIN_FILE
 
 from erpo_lightning.callbacks.completions import SampledCompletions, markdown_table
 from erpo_lightning.cli import ERPOLightningTrainer
-from erpo_lightning.toy import SHIPPED_DIR
 
 ROW_KEYS = {
     "step", "query_index", "prompt", "response", "gold", "reward", "correct", "grader_status", "conventions",
@@ -15,19 +14,15 @@ ROW_KEYS = {
 }  # fmt: skip
 
 
-def test_default_run_writes_completions_with_grading(tmp_path):
-    """A 2-step toy run with no completions setting writes the first step's rows (2 queries x 2 responses) to its
-    log folder; each gold is the dataset's answer and each reward agrees with the grader's verdict."""
-    source = SHIPPED_DIR / "train.jsonl"
-    config = fit_config(
-        SHIPPED_DIR, [{"path": str(source), "limit": 16}], tmp_path, trainer={"logger": csv_logger(tmp_path / "logs")}
-    )
-    result = run_erpo("fit", "--config", str(write_config(tmp_path / "fit.yaml", config)), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (path,) = (tmp_path / "logs").rglob("completions.jsonl")
-    assert path.parent.name == "version_0"  # the run's log folder, beside the CSV logger's files
+def test_a_run_writes_completions_with_grading(healthy_toy_run):
+    """The healthy toy run (completions every 5 steps) writes the rows of the first step and every 5th (2 queries x
+    2 responses each) to its log folder; each gold is the dataset's answer and each reward agrees with the grader's
+    verdict. A run without the setting gets the default instance (the next test)."""
+    source = TRAIN_FILE
+    (path,) = healthy_toy_run.root.rglob("completions.jsonl")
+    assert path.parent == healthy_toy_run.log_dir  # the run's log folder, beside the CSV logger's files
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(rows) == 4 and {row["step"] for row in rows} == {1}
+    assert len(rows) == 12 and [row["step"] for row in rows] == [1] * 4 + [5] * 4 + [10] * 4
     answers = [json.loads(line)["answer"] for line in source.read_text().splitlines()]
     for row in rows:
         assert set(row) == ROW_KEYS
@@ -35,7 +30,8 @@ def test_default_run_writes_completions_with_grading(tmp_path):
         assert row["reward"] == (1.0 if row["correct"] else 0.0)
         assert row["grader_status"] and isinstance(row["conventions"], list)
         assert row["temperature"] == 1.0 and row["response_tokens"] <= 6
-    assert rows[0]["query_index"] != rows[1]["query_index"]  # the first response of each query comes first
+    for step in range(0, 12, 4):  # the first response of each query comes first
+        assert rows[step]["query_index"] != rows[step + 1]["query_index"]
 
 
 def test_configured_instance_replaces_the_default_and_zero_turns_it_off(tmp_path):

@@ -1,12 +1,13 @@
 """`erpo export`: a training checkpoint (a file or an FSDP2 sharded folder) as a Hugging Face folder holding the
 trained weights, which transformers and vLLM load."""
 
+import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.fit_configs import fit_config, run_erpo, write_config
+from helpers.fit_configs import run_erpo
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.errors import SettingsError
@@ -18,15 +19,10 @@ PROBE = "Compute 7 + 8 - 5.\n"
 
 
 @pytest.fixture(scope="module")
-def trained_checkpoint(tmp_path_factory) -> Path:
-    """The checkpoint of a 2-step `erpo fit` of the shipped toy model, its policy weights then moved by a fixed
-    amount: the export must carry the checkpoint's weights, whatever those two sampled steps did to them."""
-    root = tmp_path_factory.mktemp("export_run")
-    train = [{"path": str(SHIPPED_DIR / "train.jsonl"), "limit": 16}]
-    config = fit_config(SHIPPED_DIR, train, root, data={"max_prompt_length": 64})
-    result = run_erpo("fit", "--config", str(write_config(root / "fit.yaml", config)), cwd=root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (path,) = (root / "checkpoints").glob("*.ckpt")
+def trained_checkpoint(healthy_toy_run, tmp_path_factory) -> Path:
+    """A copy of the healthy toy run's checkpoint (12 sampled steps of the shipped toy model), its policy weights then
+    moved by a fixed amount: the export must carry the checkpoint's weights, whatever those steps did to them."""
+    path = Path(shutil.copy(healthy_toy_run.checkpoint, tmp_path_factory.mktemp("export_run") / "trained.ckpt"))
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     generator = torch.Generator().manual_seed(0)
     for name, value in checkpoint["state_dict"].items():

@@ -1,28 +1,23 @@
 """`erpo plot RUN_DIR`: reward, accuracy, Query-KL and response length from a run's metrics.csv, as a PNG."""
 
-from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
+import shutil
+
+from helpers.fit_configs import run_erpo
+from helpers.healthy_run import STEPS
 
 from erpo_lightning.plot import PANELS, read_series, running_mean
-from erpo_lightning.toy import SHIPPED_DIR
 
 
-def test_plot_of_a_toy_run_draws_every_panel(tmp_path):
-    config = fit_config(
-        SHIPPED_DIR,
-        [{"path": str(SHIPPED_DIR / "train.jsonl"), "limit": 16}],
-        tmp_path,
-        trainer={"max_steps": 4, "log_every_n_steps": 1, "logger": csv_logger(tmp_path / "logs")},
-    )
-    trained = run_erpo("fit", "--config", str(write_config(tmp_path / "fit.yaml", config)), cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    plotted = run_erpo("plot", str(tmp_path / "logs"), cwd=tmp_path)
+def test_plot_of_a_toy_run_draws_every_panel(healthy_toy_run, tmp_path):
+    run = shutil.copytree(healthy_toy_run.root / "logs", tmp_path / "logs")  # the plot is written beside the CSV
+    plotted = run_erpo("plot", str(run), cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-3000:]
-    (metrics,) = (tmp_path / "logs").rglob("metrics.csv")
+    (metrics,) = run.rglob("metrics.csv")
     png = metrics.parent / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     series = read_series(metrics)
     assert {column: [step for step, _ in series[column]] for column, _, _ in PANELS} == {
-        column: [0, 1, 2, 3] for column, _, _ in PANELS
+        column: list(range(STEPS)) for column, _, _ in PANELS
     }
 
 

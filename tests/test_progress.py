@@ -1,41 +1,31 @@
 """Progress a batch job's log can read: plain lines when stderr is not a terminal, the numbers on a terminal's bar."""
 
 import re
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.fit_configs import fit_config, run_erpo, write_config
 
 from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, format_duration, headline_values, phase
 from erpo_lightning.callbacks.temperature_sweep import sweep_size
 from erpo_lightning.cli import ERPOLightningTrainer
 from erpo_lightning.evaluation.sweep import PreparedBenchmark, SweepConfig
-from erpo_lightning.toy import SHIPPED_DIR
 
 PROGRESS_LINE = re.compile(r"^\[erpo\] step (\d+)/12 \| reward [0-9.]+ \| accuracy [0-9.]+% \| query_kl \S.*eta", re.M)
 
 
-def test_redirected_toy_run_prints_progress_lines_and_phases(tmp_path):
-    """12 steps of the shipped toy model with stderr a pipe (as under SLURM or nohup): a line at the first step, every
-    5th and the last, each with the step, reward, accuracy, Query-KL and ETA; the engine start-up has a start and
-    an end."""
-    train = [{"path": str(SHIPPED_DIR / "train.jsonl"), "limit": 64}]
-    config = fit_config(
-        SHIPPED_DIR,
-        train,
-        tmp_path,
-        trainer={"max_steps": 12, "log_every_n_steps": 5, "enable_checkpointing": False},
-        data={"max_prompt_length": 64},
-    )
-    result = run_erpo("fit", "--config", str(write_config(tmp_path / "fit.yaml", config)), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [int(step) for step in PROGRESS_LINE.findall(result.stderr)]
-    assert steps == [1, 5, 10, 12], result.stderr[-3000:]
+def test_redirected_toy_run_prints_progress_lines_and_phases(healthy_toy_run):
+    """The healthy toy run (12 steps, stderr a pipe, as under SLURM or nohup, lines every 5 steps): a line at the
+    first step, every 5th and the last, each with the step, reward, accuracy, Query-KL and ETA; the engine start-up
+    has a start and an end. (A ProgressLines without an interval follows `log_every_n_steps`: the test below.)"""
+    stderr = healthy_toy_run.stderr
+    steps = [int(step) for step in PROGRESS_LINE.findall(stderr)]
+    assert steps == [1, 5, 10, 12], stderr[-3000:]
     started = "[erpo] rollout engine start-up (HFEngine): started (2 samples per query, up to 6 new tokens)"
-    assert started in result.stderr
-    assert re.search(r"\[erpo\] rollout engine start-up \(HFEngine\): done in \d+s", result.stderr)
-    assert "\r" not in result.stderr  # no bar redrawn in place
+    assert started in stderr
+    assert re.search(r"\[erpo\] rollout engine start-up \(HFEngine\): done in \d+s", stderr)
+    assert "\r" not in stderr  # no bar redrawn in place
 
 
 def test_headline_values_format_the_logged_metrics():
@@ -86,3 +76,16 @@ def test_sweep_start_line_states_its_size(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == f"[erpo] temperature sweep at step 0: started ({size})"
     assert lines[1] == "[erpo] temperature sweep at step 0: done in 0s"
+
+
+def test_lines_without_an_interval_follow_log_every_n_steps(capsys):
+    """What a default run's ProgressLines (no interval) prints over 12 steps at `log_every_n_steps` 5: the first
+    step, every 5th and the last, as the healthy toy run's configured interval does."""
+    lines = ProgressLines()
+    trainer = SimpleNamespace(global_step=0, max_steps=12, log_every_n_steps=5, callback_metrics={})
+    lines.on_train_start(trainer, None)
+    for step in range(1, 13):
+        trainer.global_step = step
+        lines.on_train_batch_end(trainer, None, None, None, step - 1)
+    printed = capsys.readouterr().err
+    assert [int(step) for step in re.findall(r"^\[erpo\] step (\d+)/12 \|", printed, re.M)] == [1, 5, 10, 12], printed

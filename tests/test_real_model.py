@@ -119,7 +119,8 @@ def test_smollm2_prepared_from_pypi_loads_chats_and_generates(smollm2_dir):
 
 @pytest.mark.slow
 def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
-    """`erpo fit` with `model.model_path: <file>.gguf`: the CLI trains the cached conversion, two real steps."""
+    """`erpo fit` with `model.model_path: <file>.gguf`: the CLI trains the cached conversion, one real step (of 2
+    queries x 2 responses of 8 tokens: the 135M model's forward and backward dominate this test's time)."""
     import csv
 
     import yaml
@@ -130,9 +131,9 @@ def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
 
     config = fit_config(
         smollm2_gguf(),
-        [{"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 4}],
+        [{"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 2}],
         tmp_path,
-        trainer={"logger": csv_logger(tmp_path), "enable_checkpointing": False, "log_every_n_steps": 1},
+        trainer={"max_steps": 1, "logger": csv_logger(tmp_path), "enable_checkpointing": False, "log_every_n_steps": 1},
         model={"learning_rate": 1e-5},
         data={"template": "qwen25-math-cot", "max_prompt_length": 256},
         rollout={"max_new_tokens": 8},
@@ -143,7 +144,7 @@ def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (metrics_file,) = tmp_path.rglob("metrics.csv")
     rows = [row for row in csv.DictReader(metrics_file.open()) if row.get("train/loss")]
-    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(float(row["train/loss"]))) for row in rows)
+    assert len(rows) == 1 and all(torch.isfinite(torch.tensor(float(row["train/loss"]))) for row in rows)
     (hparams_file,) = tmp_path.rglob("hparams.yaml")
     assert yaml.safe_load(hparams_file.read_text())["model_path"] == str(smollm2_dir)  # trained the conversion
 

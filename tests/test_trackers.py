@@ -4,10 +4,11 @@ W&B and MLflow overlays select their loggers over the quickstart."""
 import json
 from pathlib import Path
 
+import pandas
+import pytest
 import yaml
-from helpers.fit_configs import fit_config, run_erpo, write_config
-
-from erpo_lightning.toy import SHIPPED_DIR
+from helpers.cli_runs import run_main
+from helpers.healthy_run import STEPS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 OVERLAYS = {
@@ -17,38 +18,32 @@ OVERLAYS = {
 }
 
 
-def test_tensorboard_run_logs_query_kl_and_completions(tmp_path):
+def test_tensorboard_run_logs_query_kl_and_completions(healthy_toy_run):
+    """The healthy toy run logs to TensorBoard beside its CSV logger: every metric at every step (Query-KL included,
+    the steps the CSV has) and the sampled completions as a text summary at the steps completions.jsonl holds."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": str(tmp_path)}}
-    completions = {"class_path": "erpo_lightning.callbacks.SampledCompletions", "init_args": {"every_n_steps": 2}}
-    config = fit_config(
-        SHIPPED_DIR,
-        [{"path": str(SHIPPED_DIR / "train.jsonl"), "limit": 16}],
-        tmp_path,
-        trainer={"max_steps": 3, "log_every_n_steps": 1, "logger": logger, "callbacks": [completions]},
-    )
-    result = run_erpo("fit", "--config", str(write_config(tmp_path / "fit.yaml", config)), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (events,) = tmp_path.rglob("events.out.tfevents.*")
-    accumulator = EventAccumulator(str(events.parent), size_guidance={"tensors": 0, "scalars": 0})
+    accumulator = EventAccumulator(str(healthy_toy_run.tensorboard_dir), size_guidance={"tensors": 0, "scalars": 0})
     accumulator.Reload()
     scalars = accumulator.Tags()["scalars"]
     for name in ("train/query_kl", "train/loss", "rollout/reward_mean", "rollout/accuracy"):
         assert name in scalars, sorted(scalars)
-    assert [event.step for event in accumulator.Scalars("train/query_kl")] == [0, 1, 2]
+    assert [event.step for event in accumulator.Scalars("train/query_kl")] == list(range(STEPS))
+    csv = pandas.read_csv(healthy_toy_run.log_dir / "metrics.csv")
+    logged = csv.dropna(subset=["train/query_kl"])
+    assert [event.value for event in accumulator.Scalars("train/query_kl")] == pytest.approx(
+        logged["train/query_kl"].tolist(), rel=1e-6
+    )
     texts = accumulator.Tensors("completions/text_summary")
-    assert [event.step for event in texts] == [1, 2]  # the first step and every 2nd
+    rows = [json.loads(line) for line in (healthy_toy_run.log_dir / "completions.jsonl").read_text().splitlines()]
+    assert [event.step for event in texts] == sorted({row["step"] for row in rows}) == [1, 5, 10]
     table = texts[0].tensor_proto.string_val[0].decode()
     assert table.startswith("| step | prompt | response | gold | reward |")
-    rows = [json.loads(line) for line in (events.parent / "completions.jsonl").read_text().splitlines()]
-    assert {row["step"] for row in rows} == {1, 2}
 
 
-def test_tracker_overlays_select_their_logger_and_keep_the_csv(tmp_path):
+def test_tracker_overlays_select_their_logger_and_keep_the_csv(capsys):
     for name, logger in OVERLAYS.items():
         args = ("fit", "--print_config", "--config", str(CONFIGS / "quickstart.yaml"), "--config", str(CONFIGS / name))
-        printed = run_erpo(*args, cwd=tmp_path)
-        assert printed.returncode == 0, printed.stderr[-3000:]
-        loggers = yaml.safe_load(printed.stdout)["trainer"]["logger"]
+        assert run_main(*args) == 0
+        loggers = yaml.safe_load(capsys.readouterr().out)["trainer"]["logger"]
         assert [entry["class_path"] for entry in loggers] == ["lightning.pytorch.loggers.CSVLogger", logger]

@@ -1,17 +1,15 @@
 """The study engine (studies/engine/*.py): pre-registered decision rules and gates, seeds paired by number, the
-real-model study's definition, the runs' commands, resuming a study after a kill (with a stand-in `erpo`), and a
-smoke test of studies/real_model/study.py in quick mode on the shipped toy model (HF engine, no SmolLM2)."""
+real-model study's definition, the runs' commands and resuming a study after a kill (with a stand-in `erpo`). The
+real-model study's report is rebuilt from its committed runs in tests/studies/test_committed_reports.py."""
 
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.quickstart import copy_quickstart_inputs
 
 from studies.engine import runs as study_runs
 from studies.engine.claims import Claim, MeanMargin, confirm, describe, evaluate
@@ -205,60 +203,3 @@ def test_finished_runs_are_skipped_and_an_unfinished_or_changed_one_is_trained_a
     (run_dir / "stale").write_text("")
     train(StudySettings(steps=3, seeds=(0,)))
     assert not (run_dir / "stale").exists() and (run_dir / "erpo/version_0/sweep_summary.json").is_file()
-
-
-@pytest.fixture(scope="module")
-def quick_real_study(tmp_path_factory) -> Path:
-    """The real-model study in quick mode (4 arms, 1 seed, 2 steps) on the shipped toy model with the HF engine, in a
-    copy of the inputs (the configs, the toy model, the study's task)."""
-    workdir = tmp_path_factory.mktemp("real_study")
-    copy_quickstart_inputs(workdir)
-    shutil.copytree(REPO / "studies/tasks/shipped", workdir / "studies/tasks/shipped")
-    command = [*STUDY, "--quick", "--workdir", str(workdir), "--eval-problems", "4", "--train-sample-size", "4",
-               "--fit-args=--data.batch_size 4 --rollout.group_size 4"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    return workdir / REAL_MODEL.quick_out
-
-
-@pytest.mark.slow
-def test_quick_real_model_study_reports_every_arm_and_claim(quick_real_study):
-    out = quick_real_study
-    report = (out / "real_model_study.md").read_text()
-    for figure in ("real_model_study_curves.png", "real_model_study_evaluation.png"):
-        assert (out / figure).stat().st_size > 10_000 and f"]({figure})" in report
-    for section in ("## Held-out accuracy", "## Training-query accuracy", "## Final training metrics", "## Per run"):
-        assert section in report
-    for arm in REAL_MODEL.arms:
-        assert report.count(f"\n| {arm} | ") >= 5, arm  # held-out, training, gap, final metrics, per run
-    claims = json.loads((out / "real_model_study_claims.json").read_text())
-    assert claims["study"] == json.loads((out / "study.json").read_text())
-    assert claims["study"]["model"]["path"] == "erpo_lightning/toy/shipped"
-    assert [c["key"] for c in claims["claims"]] == [c.key for c in CLAIMS]
-    for result in claims["claims"]:
-        # Two steps of one seed may leave an arm at θ0 on some CPUs (every response truncated, so every reward 0):
-        # a ratio against its Query-KL of 0 is then undefined, and the claim must say so rather than give a verdict.
-        assert len(result["per_seed"]) == 1 and result["verdict"] != "n/a", result
-        assert {"key", "text", "method", "baseline", "per_seed", "k", "n", "median", "verdict"} <= set(result)
-        if result["n"] == 0:
-            assert result["verdict"] == "undefined" and result["undefined_seeds"] == [0], result
-            assert f"- **undefined**: {result['text']}." in report
-        else:
-            assert result["n"] == 1 and result["per_seed"][0] is not None and "undefined_seeds" not in result
-    gated = [c for c in claims["claims"] if "gates" in c]
-    assert gated and all(gate["per_seed"] for claim in gated for gate in claim["gates"])
-
-
-@pytest.mark.slow
-def test_quick_real_model_study_compares_with_itself_and_rewrites_its_report(quick_real_study):
-    out = quick_real_study
-    same = subprocess.run([*COMPARE, str(out), "--shipped", str(out / "real_model_study_claims.json")],
-                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
-    assert "model: the rerun's is the same as the study's" in same.stdout, same.stdout + same.stderr
-    assert " 0 not held" in same.stdout
-    before = json.loads((out / "real_model_study_claims.json").read_text())
-    command = [*STUDY, "--quick", "--workdir", str(out.parents[1]), "--report-only"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert result.returncode == 0 and "report rewritten from 4 runs" in result.stdout, result.stdout + result.stderr
-    after = json.loads((out / "real_model_study_claims.json").read_text())
-    assert after["claims"] == before["claims"]

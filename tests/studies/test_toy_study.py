@@ -16,13 +16,14 @@ from helpers.quickstart import copy_quickstart_inputs
 from erpo_lightning.algorithms import ALGORITHMS
 from erpo_lightning.toy import verify_shipped
 from studies.engine.claims import Claim, KOfN, confirm, evaluate
+from studies.engine.compare import main as compare_main
 from studies.engine.definition import check_arms
 from studies.toy.study import CLAIMS, METHODS, TOY
+from studies.toy.study import main as toy_main
 
 REPO = Path(__file__).resolve().parents[2]
 # Run from the repository root, where `python -m` finds the studies package.
 STUDY = [sys.executable, "-m", "studies.toy"]
-COMPARE = [sys.executable, "-m", "studies.toy.compare"]
 QUICK_METHODS = ["grpo", "erpo", "erpo_released"]  # two Query-KL estimators, so the common one is exercised
 QUICK_ARGS = [
     "--quick", "--methods", *QUICK_METHODS, "--steps", "2", "--eval-problems", "4", "--train-sample-size", "4",
@@ -111,6 +112,14 @@ def set_logged(out: Path, method: str, column: str, value: float) -> None:
     frame.to_csv(metrics_csv, index=False)
 
 
+def compared(capsys, *argv: str) -> tuple[int, str]:
+    """`python -m studies.toy.compare ARGV` in this process: (its exit status, what it printed)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        compare_main(TOY, list(argv))
+    return exited.value.code, capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def quick_study(tmp_path_factory) -> Path:
     """One quick study (3 methods, 1 seed, 2 steps) run by the real script in a copy of the inputs; its run dir."""
@@ -159,15 +168,14 @@ def test_quick_toy_study_writes_report_figures_and_claims(quick_study):
 
 
 @pytest.mark.slow
-def test_compare_confirms_a_study_with_itself_and_flags_a_claim_a_rerun_breaks(quick_study, tmp_path):
+def test_compare_confirms_a_study_with_itself_and_flags_a_claim_a_rerun_breaks(quick_study, tmp_path, capsys):
     out = quick_study
     claims = json.loads((out / "toy_study_claims.json").read_text())["claims"]
     checked = sum(claim["verdict"] in ("holds", "fails") for claim in claims)
-    same = subprocess.run([*COMPARE, str(out), "--shipped", str(out / "toy_study_claims.json")],
-                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
-    assert same.returncode == 0, same.stdout + same.stderr
-    assert "model: the rerun's is the same as the study's" in same.stdout
-    assert f"{checked} held, 0 not held, {len(CLAIMS) - checked} not checked" in same.stdout
+    code, same = compared(capsys, str(out), "--shipped", str(out / "toy_study_claims.json"))
+    assert code == 0, same
+    assert "model: the rerun's is the same as the study's" in same
+    assert f"{checked} held, 0 not held, {len(CLAIMS) - checked} not checked" in same
 
     # A study where erpo's Query-KL is 1/1000 of grpo's, and a rerun where it is half of it: that claim is not held.
     study_dir, rerun_dir = tmp_path / "study", tmp_path / "rerun"
@@ -175,34 +183,30 @@ def test_compare_confirms_a_study_with_itself_and_flags_a_claim_a_rerun_breaks(q
         shutil.copytree(out, directory)
         set_logged(directory, "grpo", "train/query_kl", 1.0)
         set_logged(directory, "erpo", "train/query_kl", erpo_kl)
-    changed = subprocess.run(
-        [*COMPARE, str(rerun_dir), "--shipped", str(study_dir)], capture_output=True, text=True, cwd=REPO
-    )
-    assert changed.returncode == 1, changed.stdout + changed.stderr
-    lines = changed.stdout.splitlines()
-    assert any(line.startswith("not held     query_kl.erpo:") for line in lines), changed.stdout
-    assert sum(line.startswith("not held") for line in lines) == 1, changed.stdout
+    code, changed = compared(capsys, str(rerun_dir), "--shipped", str(study_dir))
+    assert code == 1, changed
+    lines = changed.splitlines()
+    assert any(line.startswith("not held     query_kl.erpo:") for line in lines), changed
+    assert sum(line.startswith("not held") for line in lines) == 1, changed
 
 
 @pytest.mark.slow
-def test_report_only_rewrites_the_same_claims_from_the_runs_and_trains_nothing(quick_study, tmp_path):
+def test_report_only_rewrites_the_same_claims_from_the_runs_and_trains_nothing(quick_study, tmp_path, capsys):
     workdir = quick_study.parents[1]
     claims_file = quick_study / "toy_study_claims.json"
     before = json.loads(claims_file.read_text())["claims"]
     logs = sorted(quick_study.glob("*/seed*/fit.log"))
     mtimes = [log.stat().st_mtime for log in logs]
     claims_file.unlink()
-    command = [*STUDY, "--quick", "--workdir", str(workdir), "--methods", *QUICK_METHODS, "--report-only"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert f"report rewritten from {len(QUICK_METHODS)} runs" in result.stdout
+    toy_main(["--quick", "--workdir", str(workdir), "--methods", *QUICK_METHODS, "--report-only"])
+    assert f"report rewritten from {len(QUICK_METHODS)} runs" in capsys.readouterr().out
     assert json.loads(claims_file.read_text())["claims"] == before
     assert [log.stat().st_mtime for log in logs] == mtimes  # no run was retrained
 
     copy_quickstart_inputs(tmp_path)
-    command = [*STUDY, "--quick", "--workdir", str(tmp_path), "--report-only"]
-    empty = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert empty.returncode != 0 and "no toy-study runs under" in empty.stderr
+    with pytest.raises(SystemExit) as empty:
+        toy_main(["--quick", "--workdir", str(tmp_path), "--report-only"])
+    assert "no toy-study runs under" in str(empty.value.code)
 
 
 @pytest.mark.slow

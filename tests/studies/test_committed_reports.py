@@ -1,0 +1,89 @@
+"""The real-model and overfitting studies' reports, rebuilt with `--report-only` from their committed runs: the claims
+file equals the committed one and the report the committed report, but for the command that wrote it (issue 53: the
+toy study is the one study `make test` trains end to end, tests/studies/test_toy_study.py; these two are checked on
+the runs they were written from, with their definitions checked in test_study_engine.py and test_overfit_study.py).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.quickstart import copy_quickstart_inputs
+
+from studies.engine.claims import BASE_ARM
+from studies.engine.compare import main as compare_main
+from studies.overfit import study as overfit
+from studies.real_model import study as real_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+# study module -> (its folder, its report's file name, the files beside the report that the report reads)
+STUDIES = {
+    "real_model": (real_model, "studies/real_model", "real_model_study", ["real_model_pilot.json"]),
+    "overfit": (overfit, "studies/overfit", "overfit_study", ["pilot_runs"]),
+}
+
+
+def rebuilt(name: str, workdir: Path) -> tuple[Path, Path]:
+    """Copy study `name`'s committed runs (with the pilot files its report quotes, and the quickstart's inputs) under
+    `workdir` and rewrite its report there with `--report-only`, in this process; (the rebuilt report's folder, the
+    committed one's)."""
+    module, folder, _, beside = STUDIES[name]
+    committed, copy = REPO / folder, workdir / folder
+    copy_quickstart_inputs(workdir)  # the configs and the shipped toy model, which the overfitting study names
+    shutil.copytree(committed / "runs", copy / "runs")
+    for entry in beside:
+        source = committed / entry
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy / entry)
+    module.main(["--report-only", "--workdir", str(workdir)])
+    return copy, committed
+
+
+def without_command(report: str) -> list[str]:
+    """The report's lines but the one quoting the command that wrote it (it names the work directory)."""
+    return [line for line in report.splitlines() if "--report-only" not in line]
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_report_only_rewrites_the_committed_claims_and_report(name, tmp_path, capsys):
+    copy, committed = rebuilt(name, tmp_path)
+    assert "report rewritten from" in capsys.readouterr().out
+    report = STUDIES[name][2]
+    claims = json.loads((copy / f"{report}_claims.json").read_text())
+    assert claims["claims"] == json.loads((committed / f"{report}_claims.json").read_text())["claims"]
+    assert without_command((copy / f"{report}.md").read_text()) == without_command(
+        (committed / f"{report}.md").read_text()
+    )
+    for figure in (f"{report}_curves.png", f"{report}_evaluation.png"):
+        assert (copy / figure).stat().st_size > 10_000
+
+
+def test_the_rebuilt_reports_name_every_arm_of_their_study(tmp_path):
+    copy, _ = rebuilt("overfit", tmp_path)
+    report = (copy / "overfit_study.md").read_text()
+    assert all(f"| {arm} |" in report for arm in overfit.ARMS) and f"| {BASE_ARM} |" in report
+
+
+def test_the_real_model_report_has_every_section_and_compares_with_its_own_claims(tmp_path, capsys):
+    copy, committed = rebuilt("real_model", tmp_path)
+    report = (copy / "real_model_study.md").read_text()
+    for section in ("## Held-out accuracy", "## Training-query accuracy", "## Final training metrics", "## Per run"):
+        assert section in report
+    for arm in real_model.REAL_MODEL.arms:
+        assert report.count(f"\n| {arm} | ") >= 5, arm  # held-out, training, gap, final metrics, per run
+    claims = json.loads((copy / "real_model_study_claims.json").read_text())
+    assert claims["study"] == json.loads((copy / "runs" / "study.json").read_text())
+    assert [c["key"] for c in claims["claims"]] == [c.key for c in real_model.CLAIMS]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as compared:
+        compare_main(
+            real_model.REAL_MODEL, [str(copy / "runs"), "--shipped", str(committed / "real_model_study_claims.json")]
+        )
+    out = capsys.readouterr().out
+    assert "model: the rerun's is the same as the study's" in out and " 0 not held" in out, out
+    checked = [line for line in out.splitlines() if " | study: " in line]
+    assert len(checked) == len(real_model.CLAIMS) and all(
+        line.split(" | study: ")[1].split(" | rerun: ")[0] == line.split(" | rerun: ")[1] for line in checked
+    ), out  # every claim recomputes to the study's own verdict and values
+    assert compared.value.code == 1  # none of its claims is firm enough to count as held (the command says so)
