@@ -32,6 +32,7 @@ on SIGTERM / SIGUSR1 and exits 128 + the signal (Ctrl-C: 130).
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import re
@@ -463,6 +464,14 @@ def check_model_path(model_path: str, field: str = "model.model_path") -> None:
         ) from None
 
 
+# `erpo --help`: the two subcommands that are not LightningCLI's are listed too.
+MAIN_HELP = """RL post-training with verifiable rewards: ERPO, GRPO, DAPO, RLOO, Dr. GRPO, REINFORCE.
+
+also:
+  erpo export --ckpt_path CKPT --out DIR   a checkpoint as a Hugging Face model folder (erpo export --help)
+  erpo plot RUN_DIR                        a run's reward, accuracy, Query-KL and length curves (erpo plot --help)"""
+
+
 def main(args: list[str] | None = None) -> None:
     debug, args = debug_requested(list(sys.argv[1:] if args is None else args))
     quiet_known_warnings()
@@ -483,6 +492,7 @@ def main(args: list[str] | None = None) -> None:
             trainer_class=ERPOLightningTrainer,
             parser_class=ERPOArgumentParser,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": MAIN_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter},
             # Not LightningCLI's top-level `optimizer:` groups: they build the optimizer over the module's parameters
             # before configure_model has loaded the policy; `model.optimizer` is called in configure_optimizers.
             auto_configure_optimizers=False,

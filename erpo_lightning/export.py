@@ -36,6 +36,7 @@ import torch
 
 from erpo_lightning.checkpointing import read_checkpoint
 from erpo_lightning.errors import SettingsError
+from erpo_lightning.gguf import share_like_other_files
 from erpo_lightning.merged_weights import base_model_state_dict, embedding_weight_names, tied_head_state
 from erpo_lightning.modules.lora import lora_config, lora_settings
 from erpo_lightning.resume_config import CONFIG_KEY
@@ -143,6 +144,9 @@ def export_checkpoint(
     model.save_pretrained(out, state_dict=state)
     AutoTokenizer.from_pretrained(source, trust_remote_code=settings["trust_remote_code"]).save_pretrained(out)
     check_exported_folder(out, state, embedding_weight_names(model), settings["trust_remote_code"])
+    for folder in (out, adapter_out):  # save_pretrained writes weight files 0600; the folder is meant to be shared
+        if folder is not None:
+            share_like_other_files(Path(folder))
     return out
 
 
@@ -206,7 +210,7 @@ def check_adapter_folder(folder: Path) -> None:
 
 
 def push_to_hub(folder: Path, repo_id: str) -> str:
-    """Upload `folder` to the Hub model repository `repo_id` (made if missing; needs `huggingface-cli login` or
+    """Upload `folder` to the Hub model repository `repo_id` (made if missing; needs `hf auth login` or
     HF_TOKEN); the repository's URL."""
     from huggingface_hub import HfApi
 

@@ -13,7 +13,7 @@ from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 def test_help_lists_subcommands():
     result = run_erpo("--help")
     assert result.returncode == 0, result.stderr
-    for subcommand in ("fit", "validate", "cache"):
+    for subcommand in ("fit", "validate", "cache", "erpo export --ckpt_path", "erpo plot RUN_DIR"):
         assert subcommand in result.stdout
 
 

@@ -58,3 +58,14 @@ def test_configs_parse_and_overlays_apply():
     assert [r["class_path"].rsplit(".", 1)[1] for r in parts["rewards"]] == ["MathReward", "ThinkFormatReward"]
     assert (parts["weights"], parts["names"]) == ([1.0, 0.1], ["math", "format"])
     assert printed[think_format]["data"]["template"] == "erpo-paper"
+
+
+def test_the_quickstart_sweep_file_parses_as_a_validate_config(capsys):
+    """docs/quickstart.md's `erpo validate` line: the shipped sweep file over the quickstart config."""
+    from helpers.cli_runs import run_main
+
+    configs = ("--config", str(CONFIGS / "quickstart.yaml"), "--config", str(CONFIGS / "quickstart_sweep.yaml"))
+    assert run_main("validate", *configs, "--print_config") == 0
+    sweep = yaml.safe_load(capsys.readouterr().out)["sweep"]
+    assert sweep["temperatures"] == [0.1, 0.5, 1.0, 1.5] and sweep["max_problems"] == 100
+    assert [b["source"]["path"] for b in sweep["benchmarks"]] == ["erpo_lightning/toy/shipped/test.jsonl"]

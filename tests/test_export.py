@@ -1,6 +1,7 @@
 """`erpo export`: a training checkpoint (a file or an FSDP2 sharded folder) as a Hugging Face folder holding the
 trained weights, which transformers and vLLM load."""
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -66,6 +67,9 @@ def test_cli_export_loads_in_transformers_with_the_trained_weights(trained_check
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json"} <= {
         p.name for p in out.iterdir()
     }
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {p.name: 0o666 & ~umask for p in out.iterdir()}
     exported = probe_logits(AutoModelForCausalLM.from_pretrained(out).eval())
     assert torch.equal(exported, probe_logits(checkpoint_policy(trained_checkpoint)))
     base = probe_logits(AutoModelForCausalLM.from_pretrained(SHIPPED_DIR).eval())

@@ -113,7 +113,7 @@ def test_the_configuration_page_yaml_example_parses_into_these_settings(tmp_path
 
 def test_without_peft_installed_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # what `import peft` finds when it is not installed
-    with pytest.raises(ImportError, match=r"pip install 'erpo_lightning\[lora\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[lora\]' from the repository root"):
         ERPOModule(str(SHIPPED_DIR), peft=LoraSettings(**LORA))
     ERPOModule(str(SHIPPED_DIR))  # full fine-tuning never needs it
 

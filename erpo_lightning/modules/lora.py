@@ -11,7 +11,8 @@ model built from its config.json on the meta device): every entry must name line
 model that ties it to its input embeddings (`tie_word_embeddings: true`), whose adapted head vLLM and exported models
 would drop, keeping the shared base matrix.
 
-peft is imported only here and only when `model.peft` is set (`pip install 'erpo_lightning[lora]'`). docs/lora.md.
+peft is imported only here and only when `model.peft` is set (`pip install -e '.[lora]'` from the repository
+root). docs/lora.md.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import torch
 
 from erpo_lightning.setting_rules import Rule, check_rules
 
-LORA_INSTALL_HINT = "model.peft needs the peft library: pip install 'erpo_lightning[lora]' (or pip install peft)"
+LORA_INSTALL_HINT = (
+    "model.peft needs the peft library: pip install -e '.[lora]' from the repository root (or pip install peft)"
+)
 
 # (field, test, allowed range) of LoraSettings; `check_lora_settings` runs them on the parsed config and the object.
 _LORA_RULES: tuple[Rule, ...] = (
