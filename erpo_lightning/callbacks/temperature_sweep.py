@@ -4,11 +4,13 @@ It drives a `Sweep` with the RolloutCallback's `RolloutSampler` (engine weights 
 given by `bind` (the erpo CLI binds it to the `rollout:` and `data:` groups). Besides the eval benchmarks it evaluates
 a fixed random sample of training queries (labelled `train`, left out of the `mean` over benchmarks) and logs
 `train_eval_gap[/<temperatures>]` = Avg@k on that sample − mean Avg@k over the eval benchmarks: a policy that only
-gets better on the training queries shows a growing gap.
+gets better on the training queries shows a growing gap. With `save_completions` every sweep's graded responses are
+kept too (`COMPLETIONS_FILE`), for measures that read the text and not only the grade.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from erpo_lightning.evaluation.sweep_metrics import MEAN, metric_name, temperatu
 from erpo_lightning.rollout.sampler import RolloutSampler
 
 TRAIN = "train"
+COMPLETIONS_FILE = "sweep_completions.jsonl.gz"
 
 
 class TemperatureSweepCallback(pl.Callback):
@@ -42,6 +45,8 @@ class TemperatureSweepCallback(pl.Callback):
         run_at_start: also sweep before the first training step (the starting point, logged at step 0).
         run_at_end: also sweep after the last step, and print a before/after table (with `run_at_start`) plus the
             final Query-KL; written to `<log_dir>/sweep_summary.json` too.
+        save_completions: append every sweep's graded responses to `<log_dir>/sweep_completions.jsonl.gz`
+            (`write_completions`; under several ranks each rank writes its share to `sweep_completions.rank<r>...`).
 
     `bind` gives it the sampler, prompt format and training queries before `fit` (the erpo CLI does).
     """
@@ -55,6 +60,7 @@ class TemperatureSweepCallback(pl.Callback):
         train_sample_seed: int = 0,
         run_at_start: bool = False,
         run_at_end: bool = False,
+        save_completions: bool = False,
     ) -> None:
         for name, value, minimum in (
             ("every_n_steps", every_n_steps, 1),
@@ -69,6 +75,7 @@ class TemperatureSweepCallback(pl.Callback):
         self.train_k = train_k
         self.train_sample_seed = train_sample_seed
         self.run_at_start, self.run_at_end = run_at_start, run_at_end
+        self.save_completions = save_completions
         self.history: list[tuple[int, dict[str, float]]] = []  # (global step, values) of every sweep
         self.runner: Sweep | None = None
         self._training_queries: Callable[[], PreparedQueries] | None = None
@@ -89,7 +96,7 @@ class TemperatureSweepCallback(pl.Callback):
             training_queries: returns the prepared training set (`QueryDataModule.prepare_queries`), from which the
                 fixed sample of `train_sample_size` queries is drawn; needed when `train_sample_size > 0`.
         """
-        self.runner = Sweep(self.sweep, sampler, prompts)
+        self.runner = Sweep(self.sweep, sampler, prompts, keep_completions=self.save_completions)
         self._training_queries = training_queries
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -146,6 +153,10 @@ class TemperatureSweepCallback(pl.Callback):
                     values[metric_name("val", "avg@k", TRAIN, group)] - values[metric_name("val", "avg@k", MEAN, group)]
                 )
                 values["train_eval_gap" if group == "all" else f"train_eval_gap/{group}"] = gap
+        if self.save_completions:
+            rank = "" if trainer.world_size == 1 else f".rank{trainer.global_rank}"
+            name = COMPLETIONS_FILE.replace(".jsonl", f"{rank}.jsonl")
+            write_completions(Path(trainer.log_dir) / name, trainer.global_step, result.completions)
         values["val/problems_per_s"] = torch.tensor(result.timing.summary()["problems_per_s"])
         values.update({f"val/grader_{key}": torch.tensor(float(value)) for key, value in result.grader.items()})
         self.history.append((trainer.global_step, {name: float(value) for name, value in values.items()}))
@@ -186,6 +197,16 @@ def log_outside_step(trainer: pl.Trainer, values: dict[str, torch.Tensor], step:
             {name: float(value) for name, value in values.items()}, step=trainer.global_step if step is None else step
         )
     trainer.callback_metrics.update({name: torch.as_tensor(value) for name, value in values.items()})
+
+
+def write_completions(path: Path, step: int, rows: list[dict]) -> None:
+    """Append one sweep's graded responses (`SweepResult.completions`) to the gzip JSON-lines file `path`, one line
+    per problem and temperature with the sweep's `step` (optimizer steps before it) first. Each call adds a gzip
+    member, which `gzip.open` reads back as one stream."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "at", encoding="utf-8") as file:
+        for row in rows:
+            file.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
 
 
 def print_sweep_summary(

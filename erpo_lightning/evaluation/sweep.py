@@ -192,12 +192,16 @@ class SweepTiming:
 
 @dataclass
 class SweepResult:
-    """One sweep of one policy: the global metric values (`SweepMetric.compute()` names), this rank's throughput, and
-    the grader's counters over the sweep (the reward's `counters()`; empty without one)."""
+    """One sweep of one policy: the global metric values (`SweepMetric.compute()` names), this rank's throughput, the
+    grader's counters over the sweep (the reward's `counters()`; empty without one) and, when the sweep keeps them
+    (`Sweep(keep_completions=True)`), this rank's graded responses: one row per problem and temperature,
+    `{"benchmark", "index", "problem", "temperature", "responses", "correct"}` (`problem` None when the benchmark
+    carries no problem text; `responses` and `correct` hold the k samples in order)."""
 
     values: dict[str, torch.Tensor]
     timing: SweepTiming
     grader: dict[str, float]
+    completions: list[dict] = field(default_factory=list)
 
 
 class Sweep:
@@ -214,12 +218,20 @@ class Sweep:
         prompts: template, prompt limit and tokenizer of the eval prompts, the training data's
             (`QueryDataModule.prompt_format()`); None = `config.template` and `config.max_prompt_length` with the
             sampler's tokenizer.
+        keep_completions: also return every graded response (`SweepResult.completions`).
     """
 
-    def __init__(self, config: SweepConfig, sampler: RolloutSampler, prompts: PromptFormat | None = None) -> None:
+    def __init__(
+        self,
+        config: SweepConfig,
+        sampler: RolloutSampler,
+        prompts: PromptFormat | None = None,
+        keep_completions: bool = False,
+    ) -> None:
         self.config = config
         self.sampler = sampler
         self.prompts = prompts or PromptFormat(resolve_template(config.template), config.max_prompt_length)
+        self.keep_completions = keep_completions
         self.max_new_tokens = config.max_new_tokens or sampler.settings.max_new_tokens
         self.benchmarks: list[PreparedBenchmark] | None = None
         self.metric: SweepMetric | None = None
@@ -273,7 +285,8 @@ class Sweep:
         self.metric.to(device)
         counters = getattr(self.sampler.reward, "counters", dict)  # `counters()` is optional (rewards/protocol.py)
         counters()  # what was graded before (the rollout since its last log, an earlier run) is not this sweep's
-        timing = self._sample_and_grade(rank, world_size)
+        completions: list[dict] = []
+        timing = self._sample_and_grade(rank, world_size, completions if self.keep_completions else None)
         engine.sleep()
         values = self.metric.compute()
         self.metric.reset()
@@ -281,11 +294,12 @@ class Sweep:
         # A CombinedReward's component means since its last report: this sweep's, not the next rollout step's.
         getattr(self.sampler.reward, "components", dict)()
         release_free_heap()  # the sweep's buffers: see erpo_lightning/memory.py
-        return SweepResult(values, timing, grader)
+        return SweepResult(values, timing, grader, completions)
 
-    def _sample_and_grade(self, rank: int, world_size: int) -> SweepTiming:
+    def _sample_and_grade(self, rank: int, world_size: int, completions: list[dict] | None = None) -> SweepTiming:
         """Evaluate rank `rank`'s share of every problem at every temperature into the metric (index order of both),
-        each temperature's problems with the same k in chunks of `batch_size` prompts: one engine call per chunk."""
+        each temperature's problems with the same k in chunks of `batch_size` prompts: one engine call per chunk;
+        the graded responses go to `completions` when it is a list."""
         config, benchmarks = self.config, self.benchmarks
         timing = SweepTiming()
         start = perf_counter()
@@ -314,6 +328,8 @@ class Sweep:
                         **_reward_inputs(benchmarks, part),
                     )
                     _record(graded, part, t, self.metric, timing)
+                    if completions is not None:
+                        completions.extend(_completion_rows(graded, part, benchmarks, temperature))
                     bar.update(len(part))
         bar.close()
         timing.wall_s = perf_counter() - start
@@ -345,3 +361,24 @@ def _record(
     timing.tokens += int(lengths.sum())
     timing.generate_s += graded.generate_s
     timing.grade_s += graded.grade_s
+
+
+def _completion_rows(
+    graded: GradedGroups, items: list[tuple[int, int]], benchmarks: list[PreparedBenchmark], temperature: float
+) -> list[dict]:
+    """One row per (benchmark, problem) of `items` (SweepResult.completions): its k responses and their grading."""
+    rows = []
+    for j, (b, i) in enumerate(items):
+        k = len(graded.samples[j])
+        problems = benchmarks[b].problems
+        rows.append(
+            {
+                "benchmark": benchmarks[b].label,
+                "index": i,
+                "problem": None if problems is None else problems[i],
+                "temperature": temperature,
+                "responses": graded.texts[j * k : (j + 1) * k],
+                "correct": [bool(c) for c in graded.correct[j].tolist()],
+            }
+        )
+    return rows

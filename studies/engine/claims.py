@@ -43,8 +43,9 @@ BASE_ARM = "base model"  # the base model's row of a study's table (studies.engi
 
 def is_accuracy(quantity: str) -> bool:
     """Whether a quantity of the per-seed table is an accuracy or a share in [0, 1] (held-out, training, their gap,
-    high-temperature retention), which claims and gates compare in points."""
-    return quantity.startswith(("T", "gap", "train T", "retention"))
+    high-temperature retention; a training reward over a window of steps, `reward ...`; the share of correct answers
+    reached through wrong steps, `wrong steps ...`), which claims and gates compare in points."""
+    return quantity.startswith(("T", "gap", "train T", "retention", "reward", "wrong steps"))
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,7 @@ class Claim:
         paired: `ratio` (method / baseline) or `difference` (method − baseline, in points for accuracies).
         side: the claim holds in a seed when the paired value is `below` (or `above`) `bound`, strictly.
         bound: the threshold of the paired value.
-        rule: the verdict rule (KOfN, MeanMargin or SignTest).
+        rule: the verdict rule (KOfN, MeanMargin, SignTest, or studies.engine.paired.PairedInterval).
         gates: preconditions (a study's validity gates, the claim's testability gates, a learning guard), checked
             in order.
     """
@@ -367,11 +368,14 @@ def describe(result: dict) -> str:
         low, high = result["interval"]
         line += (f" Mean margin {result['mean_margin']:.3g}, sign test p = {result['sign_test_p']:.3g}, bootstrap "
                  f"interval [{low:.3g}, {high:.3g}]; rule: {result['rule']}.")  # fmt: skip
+    elif "summary" in result:  # a rule that words its own values (studies.engine.paired.PairedInterval)
+        line += f" {result['summary']}"
     elif "rule" in result:
         line += f" Mean margin {result['mean_margin']:.3g}; rule: {result['rule']}."
     for gate in result.get("gates", []):
         gate_values = " / ".join("n/a" if v is None else f"{v:.3g}" for v in gate["per_seed"]) or "not run"
         share = f", mean gain {gate['share']:.2f} of {gate['arm']}'s" if gate.get("share") is not None else ""
+        share += f", mean {gate['mean']:.3g}" if gate.get("mean") is not None else ""
         line += (f" Gate `{gate['key']}` ({gate['text']}): {gate_values}{share}, "
                  f"{'passed' if gate['passed'] else 'FAILED'}.")  # fmt: skip
     if result.get("undefined_seeds"):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from studies.engine.claims import confirm, evaluate_all
-from studies.engine.definition import Study
+from studies.engine.definition import Study, StudySettings
 from studies.engine.report import benchmark_label, collect, estimators
 from studies.engine.run import REPO, STUDY_FILE
 from studies.engine.runs import load_runs
@@ -42,7 +42,12 @@ def study_claims(study: Study, path: Path) -> tuple[dict, list[dict]]:
         raise SystemExit(f"{path} is neither a claims file nor a study run directory (no {STUDY_FILE})")
     description = json.loads((path / STUDY_FILE).read_text())
     records = load_runs(path, list(description["methods"]), study.name)
-    table = collect(records, description["settings"]["temperatures"], benchmark_label(records))
+    if study.table is not None:  # a study whose claims read its trajectories or derived rows
+        settings = description["settings"]
+        table = study.table(records, StudySettings(**{**settings, "seeds": tuple(settings["seeds"]),
+                                                      "temperatures": tuple(settings["temperatures"])}))  # fmt: skip
+    else:
+        table = collect(records, description["settings"]["temperatures"], benchmark_label(records))
     return description, evaluate_all(table, estimators(records), study.claims)
 
 

@@ -6,7 +6,7 @@ studies/toy/study.py and studies/real_model/study.py define the two there are.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from erpo_lightning.algorithms import ALGORITHMS
@@ -18,7 +18,13 @@ ALL_QUERIES = 100_000  # a train_sample_size meaning every training query (the s
 
 @dataclass(frozen=True)
 class StudySettings:
-    """What one study trains and measures (recorded in `study.json` and the claims file as is)."""
+    """What one study trains and measures (recorded in `study.json` and the claims file: `record`).
+
+    `sweep_every` (RL steps between sweeps, >= 2) adds sweeps during training, each the final sweep's (held-out
+    problems and training queries at every temperature), logged into the run's metrics.csv: a trajectory
+    (studies/engine/trajectory.py). `save_completions` keeps every sweep's graded responses in the run folder too
+    (TemperatureSweepCallback `save_completions`). Both default to off: one final sweep, as the first studies ran.
+    """
 
     steps: int
     seeds: tuple[int, ...]
@@ -26,6 +32,22 @@ class StudySettings:
     eval_problems: int = 200  # held-out test problems in the final sweep
     eval_k: int = 4  # samples per problem and temperature
     train_sample_size: int = 64  # training queries for the train-vs-eval gap (all of them when at least their number)
+    sweep_every: int | None = None  # RL steps between sweeps during training; None: only the final sweep
+    save_completions: bool = False  # keep every sweep's graded responses (sweep_completions.jsonl.gz)
+
+    def __post_init__(self) -> None:
+        # A sweep every step would put the start sweep and the first one at the same logged step.
+        if self.sweep_every is not None and self.sweep_every < 2:
+            raise ValueError(f"StudySettings sweep_every must be >= 2 (or None), got {self.sweep_every}")
+
+    def record(self) -> dict:
+        """The settings as `study.json` and the claims file hold them; the trajectory fields only when set, so that
+        the files of the studies that ran without them keep their shape."""
+        record = asdict(self)
+        for name, default in (("sweep_every", None), ("save_completions", False)):
+            if record[name] == default:
+                del record[name]
+        return record
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,10 @@ class Study:
             (a `sha256` at least).
         write_report: the study's report (studies/engine/report.py has the pieces).
         jobs: runs in parallel by default.
+        derived_arms: rows a study's report derives from its runs rather than trains (grpo read at an earlier step
+            of its trajectory, say), which claims may name besides the arms.
+        table: (finished runs, settings) -> the per-seed table its claims read, when they read more than the
+            engine's final values (studies.engine.report.collect): a trajectory's, derived rows (None: collect's).
     """
 
     name: str
@@ -102,6 +128,8 @@ class Study:
     model_path: str | None = None
     resolve_model_path: Callable[[], str] | None = None
     jobs: int = 1
+    derived_arms: tuple[str, ...] = ()
+    table: Callable[[list[RunRecord], StudySettings], dict] | None = None
 
     def settings(self, quick: bool) -> StudySettings:
         """The full or the quick settings."""
@@ -110,11 +138,11 @@ class Study:
     def check(self) -> None:
         """Refuse, before any run, an arm whose `--model.algorithm` is not a preset of erpo_lightning.algorithms,
         a default arm that is not an arm, or a claim (or gate) naming an arm the study does not define (the base
-        model, BASE_ARM, is every study's)."""
+        model, BASE_ARM, is every study's; `derived_arms` are the study's too, but not as default arms)."""
         check_arms(self.arms)
-        named = set(self.default_arms) | {arm for claim in self.claims for arm in (claim.method, claim.baseline)}
+        named = {arm for claim in self.claims for arm in (claim.method, claim.baseline)}
         named |= {arm for claim in self.claims for gate in claim.gates for arm in gate.arms()}
-        unknown = named - set(self.arms) - {BASE_ARM}
+        unknown = ((named - set(self.derived_arms)) | set(self.default_arms)) - set(self.arms) - {BASE_ARM}
         if unknown:
             raise SystemExit(f"study {self.name}: {sorted(unknown)} named but not among its arms {list(self.arms)}")
 

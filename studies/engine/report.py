@@ -79,12 +79,20 @@ def read_metrics(path: Path) -> pd.DataFrame:
 
 def check_metrics_reach(frame: pd.DataFrame, last_step: int, path: Path) -> None:
     """DamagedRunFile unless the metrics reach the final sweep's step, which the sweep logs as the last row: a file
-    cut at a line end is still CSV, but ends earlier."""
+    cut at a line end is still CSV, but ends earlier. A final sweep that ran as one of the sweeps during training
+    (`sweep_every` divides the steps) is logged one step earlier, at the step of the batch it followed: its row
+    there counts."""
     if "step" not in frame or frame["step"].isna().all():
         raise DamagedRunFile(f"{path}: no logged step")
-    if frame["step"].max() < last_step:
+    if frame["step"].max() < last_step and not (sweep_rows(frame)["step"] == last_step - 1).any():
         ends = int(frame["step"].max())
         raise DamagedRunFile(f"{path}: cut short (it ends at step {ends}, before the final sweep's step {last_step})")
+
+
+def sweep_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a metrics.csv that a temperature sweep logged (its `val/avg@k/...` values), in file order."""
+    columns = [column for column in frame if column.startswith("val/avg@k/")]
+    return frame[frame[columns].notna().any(axis=1)] if columns else frame.iloc[:0]
 
 
 @dataclass(frozen=True)
@@ -160,10 +168,11 @@ def benchmark_label(records: list[RunRecord]) -> str:
 
 
 def base_sweep(records: list[RunRecord]) -> dict:
-    """The base model's sweep: the `before` values of the first run that swept before its first step."""
+    """The base model's sweep: the `before` values of the first run that swept before its first step (at step 0: a
+    run that sweeps during training has an earlier first sweep than its last, but not at step 0)."""
     for record in records:
         sweep = record.sweep()
-        if sweep["first_step"] < sweep["last_step"]:
+        if sweep["first_step"] == 0 < sweep["last_step"]:
             return sweep["before"]
     raise SystemExit("no run swept the base model before its first step (the study's first run does)")
 

@@ -3,7 +3,8 @@
 
 Every run is the real command line, `erpo fit --config <base config>` with its arm's flags and seed, plus a generated
 callback config: one temperature sweep on the held-out problems (with the train-vs-eval gap on a fixed sample of
-training queries) after the last step; the very first run also sweeps before its first step (the base model's row).
+training queries) after the last step, and every `sweep_every` steps before it when the study asks for a trajectory
+(StudySettings); the very first run also sweeps before its first step (the base model's row).
 Runs that finished before with the same command are skipped, others are cleared and rerun (studies.engine.runs), so a
 study killed mid-way resumes where it stopped. Then the study's report is written from the logs of every finished run of
 the arms asked for under `--out` (this call's or earlier ones'); `--report-only` rewrites it without training.
@@ -23,7 +24,7 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from studies.engine.definition import ReportInputs, Study, StudySettings
@@ -106,7 +107,7 @@ def main(study: Study, argv: list[str] | None = None) -> None:
     study = study.with_arms(args.methods or list(study.default_arms))
     path = model_path(study, args)
     command = " ".join(["python", "-m", study.module, *(sys.argv[1:] if argv is None else argv)])
-    description = {"methods": study.arms, "settings": asdict(settings),
+    description = {"methods": study.arms, "settings": settings.record(),
                    "model": model_identity(study, args, path), "command": command}  # fmt: skip
     out = args.workdir / args.out
     start = time.monotonic()

@@ -58,7 +58,9 @@ def base_sweep(workdir: Path, base_config: str) -> dict:
 
 
 def callback_config(sweep: dict, settings: StudySettings, run_at_start: bool) -> dict:
-    """The `trainer.callbacks` override: a final (and optionally an initial) temperature sweep, no sweeps between.
+    """The `trainer.callbacks` override: a final (and optionally an initial) temperature sweep, and one every
+    `settings.sweep_every` steps between when set (none otherwise); `save_completions` only when the study keeps them
+    (a run of a study without it keeps the identity it ran with).
 
     Args:
         sweep: the base config's sweep (base_sweep); its first benchmark, limited to the study's eval problems at its
@@ -70,13 +72,15 @@ def callback_config(sweep: dict, settings: StudySettings, run_at_start: bool) ->
     sweep = {"temperatures": list(settings.temperatures), "seed": sweep.get("seed", 0),
              "benchmarks": [{"source": source, "k": settings.eval_k}], **options}  # fmt: skip
     init_args = {
-        "every_n_steps": settings.steps + 1,
+        "every_n_steps": settings.sweep_every or settings.steps + 1,
         "run_at_start": run_at_start,
         "run_at_end": True,
         "train_sample_size": settings.train_sample_size,
         "train_k": settings.eval_k,
         "sweep": sweep,
     }
+    if settings.save_completions:
+        init_args["save_completions"] = True
     return {"trainer": {"callbacks": [{"class_path": SWEEP_CALLBACK, "init_args": init_args}]}}
 
 

@@ -1,0 +1,1 @@
+"""The brake study (issue 50): controls, trajectories and a memorisation measure in the overfitting regime."""
