@@ -131,7 +131,7 @@ def run_pilot(betas: tuple[float, ...], out: Path) -> dict:
 
     arms = pilot_arms(betas)
     study = replace(BRAKE, name="brake-pilot", arms=arms, default_arms=tuple(arms), claims=(), derived_arms=(),
-                    out=out, report=out / "decision.json", write_report=write_decision)  # fmt: skip
+                    out=out, report=out / "pilot.json", write_report=write_decision)  # fmt: skip
     run_study_main(study, ["--seeds", *map(str, PILOT_SEEDS)])
     return result
 

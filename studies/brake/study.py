@@ -55,7 +55,7 @@ class Matched:
     stop_step: int
 
 
-MATCHED: Matched | None = None  # written here from pilot_runs/pilot.json after the pilot, before any main run
+MATCHED: Matched | None = Matched(low_lr=7e-5, kl_beta=0.03, stop_step=140)  # pilot_runs/pilot.json (pilot at 00cf7d3)
 PLACEHOLDER = Matched(low_lr=1.5e-4, kl_beta=0.01, stop_step=140)  # --quick only: stand-ins, never a main run's
 SETTINGS = MATCHED or PLACEHOLDER
 

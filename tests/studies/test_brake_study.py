@@ -179,12 +179,13 @@ def test_the_study_definition():
     assert "## Pilot" in plan and "## Plan" in plan and "brake" in BRAKE.report.name
 
 
-def test_a_main_run_waits_for_the_pilot():
+def test_a_main_run_waits_for_the_pilot(monkeypatch):
     from studies.brake import study
 
-    if study.MATCHED is not None:
-        pytest.skip("the pilot fixed the matched controls")
-    assert SETTINGS is study.PLACEHOLDER
+    assert study.MATCHED is not None and SETTINGS is study.MATCHED  # the pilot fixed them (brake_plan.md)
+    chosen = json.loads((REPO / "studies/brake/pilot_runs/pilot.json").read_text())["chosen"]
+    assert study.MATCHED == study.Matched(**chosen)  # written from the committed pilot's choices, unedited
+    monkeypatch.setattr(study, "MATCHED", None)  # before the pilot, a main run is refused
     with pytest.raises(SystemExit, match="not fixed yet"):
         main(["--report-only"])
 
@@ -266,3 +267,15 @@ def test_the_pilot_decides_from_its_runs_training_side_only():
     assert values["early_reward_by_lr"] == pytest.approx({"0.0002": 0.65, "0.00015": 0.58, "0.0001": 0.5, "7e-05": 0.5})
     assert chosen["low_lr"] == 1e-4
     assert chosen["kl_beta"] == 0.03 and not values["larger_beta_needed"]
+
+
+def test_the_committed_pilot_recomputes_to_its_decision():
+    """pilot.json (the choices in MATCHED) is what `decide` makes of the committed pilot runs, value for value."""
+    from studies.engine.runs import load_runs
+
+    committed = json.loads((REPO / "studies/brake/pilot_runs/pilot.json").read_text())
+    arms = list(pilot.pilot_arms(tuple(committed["rule"]["betas_run"])))
+    records = load_runs(REPO / "studies/brake/pilot_runs", arms, "brake-pilot")
+    assert len(records) == 2 * len(arms) == 22
+    recomputed = json.loads(json.dumps(pilot.decide(records)))  # the JSON round trip pilot.json took
+    assert recomputed == {"values": committed["values"], "chosen": committed["chosen"]}
