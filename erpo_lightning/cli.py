@@ -83,6 +83,7 @@ from erpo_lightning.errors import (  # noqa: E402
 from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: E402
 from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
 from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
+from erpo_lightning.modules.lora import adapter_parameters_before_loading  # noqa: E402
 from erpo_lightning.modules.settings import check_module_settings, check_trainer_precision  # noqa: E402
 from erpo_lightning.objectives import check_group_size  # noqa: E402
 from erpo_lightning.resume_config import RunConfigRecorder, check_checkpoint_model, check_resume_config  # noqa: E402
@@ -388,7 +389,12 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
         if subcommand == "fit":  # what RolloutCallback.setup checks against the module's algorithm
             check_group_size(algorithm.advantage_estimator, config.rollout.group_size)
-            check_fit_memory(model.as_dict(), config.data.as_dict(), config.rollout.as_dict(), config.trainer.as_dict())
+            adapters = adapter_parameters_before_loading(
+                model.get("peft"), str(model.model_path), bool(model.get("trust_remote_code"))
+            )
+            check_fit_memory(
+                model.as_dict(), config.data.as_dict(), config.rollout.as_dict(), config.trainer.as_dict(), adapters
+            )
         if config.get("sweep") is not None:  # `validate`'s: SweepConfig's own checks, on the parsed values
             SweepConfig(**config.sweep.as_dict())
     except ValueError as error:

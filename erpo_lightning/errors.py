@@ -11,6 +11,7 @@ this project.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import logging
 import os
@@ -55,9 +56,14 @@ def parser_error_line(message: str) -> str:
     """One line for a command-line parser error (jsonargparse's are several, with every union member's failure).
 
     A value outside a `Literal` field's choices becomes `<field>: '<value>' is not one of a, b, c; did you mean 'x'?`;
-    any other message has its whitespace collapsed and its `Parser key "<field>":` prefix shortened to `<field>:`.
+    a field a settings dataclass does not have (peft's `lora_alpha` under `model.peft`) becomes `<setting>: no field
+    'lora_alpha' (did you mean 'alpha'?); fields: ...`; any other message has its whitespace collapsed and its
+    `Parser key "<field>":` prefix shortened to `<field>:`.
     """
     key = re.search(r'Parser key "([^"]+)":', message)
+    unknown_field = _unknown_field_line(key.group(1) if key else "", message)
+    if unknown_field is not None:
+        return unknown_field
     choices = re.search(r"Literal\[([^\]]*)\]", message)
     value = re.search(r"(?:Got|Given) value: (.*)", message)
     if key and choices and value:
@@ -69,6 +75,22 @@ def parser_error_line(message: str) -> str:
         return f"{key.group(1)}: {given!r} is not one of {', '.join(options)}{null}{hint}"
     line = " ".join(message.split())
     return re.sub(r'^Parser key "([^"]+)":', r"\1:", line)
+
+
+_OPTION_NOT_ACCEPTED = re.compile(r"class_path '(?P<owner>[\w.]+)':\s+Option '(?P<option>[^']+)' is not accepted")
+
+
+def _unknown_field_line(setting: str, message: str) -> str | None:
+    """The line for jsonargparse's "Option 'x' is not accepted" by a dataclass it has imported; None otherwise."""
+    found = _OPTION_NOT_ACCEPTED.search(message)
+    module_name, _, class_name = found["owner"].rpartition(".") if found else ("", "", "")
+    owner = getattr(sys.modules.get(module_name), class_name, None)
+    if found is None or not dataclasses.is_dataclass(owner):
+        return None
+    names = [f.name for f in dataclasses.fields(owner)]
+    close = difflib.get_close_matches(found["option"], names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{setting or class_name}: no field {found['option']!r}{hint}; fields: {', '.join(names)}"
 
 
 def run_reporting_errors(command: Callable[[], object], debug: bool) -> None:

@@ -92,3 +92,37 @@ def test_entries_that_adapt_no_linear_layer_are_refused_before_anything_loads(
     expected = refusal.format(model=tiny_model_path, linear=LINEAR_LAYERS)
     assert line.startswith(f"erpo: error: model.peft.target_modules entry {entry!r} {expected}"), line
     assert line.endswith(LINEAR_LAYERS), line  # what to write instead
+
+
+# ------------------------------------------------------------------- item 6: a rank no layer can use, peft's names
+@pytest.mark.parametrize("targets", ["all-linear", "[q_proj, v_proj]"])
+def test_a_rank_above_every_adapted_layer_is_refused_before_anything_loads(
+    targets, tmp_path, tiny_model_path, benchmarks_dir, capsys, nothing_loads
+):
+    config = tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl")
+    width = AutoConfig.from_pretrained(tiny_model_path).hidden_size  # q_proj and v_proj are at most width wide
+    line = fails_in_one_line(
+        capsys, "fit", "--config", str(config), "--model.peft.r", "100000", "--model.peft.target_modules", targets
+    )
+    assert line.startswith(f"erpo: error: model.peft.r 100000 is above the rank any adapted layer of {tiny_model_path}")
+    assert line.endswith(f"Use r <= {width}"), line
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_the_largest_usable_rank_is_accepted_and_one_above_it_refused(tiny_model_path):
+    skeleton_width = AutoConfig.from_pretrained(tiny_model_path).hidden_size
+    check_lora_targets_before_loading({"r": skeleton_width, "target_modules": ["q_proj"]}, str(tiny_model_path))
+    with pytest.raises(ValueError, match=rf"model.peft.r {skeleton_width + 1} is above .* Use r <= {skeleton_width}$"):
+        check_lora_targets_before_loading({"r": skeleton_width + 1, "target_modules": ["q_proj"]}, str(tiny_model_path))
+
+
+@pytest.mark.parametrize("peft_name, ours", [("lora_alpha", "alpha"), ("lora_dropout", "dropout")])
+def test_peft_field_names_are_answered_with_ours(peft_name, ours, tmp_path, tiny_model_path, benchmarks_dir, capsys):
+    config = tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl")
+    line = fails_in_one_line(capsys, "fit", "--config", str(config), f"--model.peft.{peft_name}", "0.5")
+    assert line == (
+        f"erpo: error: model.peft: no field {peft_name!r} (did you mean {ours!r}?); fields: r, alpha, dropout, "
+        "target_modules, seed"
+    )
+    with pytest.raises(ValueError, match=rf"^model.peft has no field '{peft_name}' \(did you mean '{ours}'\?\)"):
+        ERPOModule(str(tiny_model_path), peft={peft_name: 0.5})

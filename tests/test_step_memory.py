@@ -72,3 +72,18 @@ def test_fit_settings_are_judged_against_the_machine(monkeypatch, capsys):
     # vLLM sizes its own KV cache: only the rollout batch, the micro-batch and the weights count.
     check_fit_memory(*groups(400, {"class_path": "erpo_lightning.rollout.VLLMEngine"}))
     assert capsys.readouterr().err == ""
+
+
+def test_lora_adapters_count_their_weights_gradients_and_adam_moments():
+    from erpo_lightning.modules.lora import adapter_parameters_before_loading
+
+    adapters = adapter_parameters_before_loading({"r": 8, "target_modules": ["q_proj"]}, str(SHIPPED_DIR))
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR)
+    q_proj = [m for name, m in model.named_modules() if name.endswith("q_proj")]
+    assert adapters == sum(8 * (m.in_features + m.out_features) for m in q_proj)  # A is r × in, B is out × r
+    shape = ModelShape.read(str(SHIPPED_DIR))
+    with_adapters = step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4, 2, adapters), shape)
+    assert with_adapters["LoRA adapters"] == adapters * 4 * 4 // 2  # float32 weight, gradient, 2 moments; 2 devices
+    assert step_memory.step_memory(sizes(8), shape)["LoRA adapters"] == 0
+    doubled = adapter_parameters_before_loading({"r": 16, "target_modules": ["q_proj"]}, str(SHIPPED_DIR))
+    assert doubled == 2 * adapters
