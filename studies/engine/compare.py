@@ -7,7 +7,9 @@ The rerun (and `--shipped`) is a study's run directory (its claims are computed 
 and settings of its `study.json`) or a claims file written beside a report (`*_claims.json`). Each claim the shipped
 study found firm (`holds` / `confirmed`, `fails` / `refuted`) is `held` when the rerun agrees in more than half of
 its seeds, `not held` otherwise; other claims, and claims whose arms the rerun did not run, are `not checked`
-(studies/engine/claims.py). Exit status 1 when a claim is not held or none could be checked.
+(studies/engine/claims.py). Exit status 1 when a claim is not held or none could be checked. A claims file or
+`study.json` that cannot be read (cut short, empty, a list, a claim without its verdict) stops the command with one
+line naming the file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,77 @@ def shipped_claims(study: Study) -> Path:
     return REPO / study.report.with_name(study.report.stem + "_claims.json")
 
 
+# What `main` reads of each claim of a claims file (studies.engine.claims.evaluate writes them all).
+CLAIM_FIELDS = ("key", "text", "verdict", "k", "n", "median")
+
+
+def read_json(path: Path, what: str) -> object:
+    """The parsed JSON of `path`; SystemExit naming the file when it cannot be read, is empty or does not parse
+    (`what` says what the file should be, for the message)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"{path}: cannot be read as {what} ({type(error).__name__}: {error})") from None
+    if not text.strip():
+        raise SystemExit(f"{path} is empty, not {what}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"{path}: not readable as {what}, cut short or damaged ({error})") from None
+
+
+def json_kind(value: object) -> str:
+    """What JSON calls the kind of a parsed value (`object`, `list`, `string`, ...), for messages."""
+    kinds = ((dict, "object"), (list, "list"), (str, "string"), (bool, "boolean"), (int | float, "number"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "null")
+
+
+def claims_file_problem(data: object) -> str | None:
+    """What is wrong with the parsed contents of a `*_claims.json` file, in words, or None when it has the shape a
+    comparison reads: an object with `study` (its `model.sha256`) and `claims`, a list of objects with CLAIM_FIELDS."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {json_kind(data)}, not an object with 'study' and 'claims'"
+    missing = [key for key in ("study", "claims") if key not in data]
+    if missing:
+        return f"no {' or '.join(repr(key) for key in missing)} entry"
+    model = data["study"].get("model") if isinstance(data["study"], dict) else None
+    if not isinstance(model, dict) or not isinstance(model.get("sha256"), str):
+        return "its 'study' entry has no model.sha256"
+    if not isinstance(data["claims"], list):
+        return f"its 'claims' entry is a JSON {json_kind(data['claims'])}, not a list"
+    for index, claim in enumerate(data["claims"]):
+        absent = [name for name in CLAIM_FIELDS if name not in claim] if isinstance(claim, dict) else list(CLAIM_FIELDS)
+        if absent:
+            return f"claim {index} lacks {', '.join(absent)}"
+    return None
+
+
+def read_claims_file(path: Path) -> tuple[dict, list[dict]]:
+    """The study description and the claims of a `*_claims.json` file; SystemExit naming the file and what is wrong
+    with it (not JSON, cut short, a list, a claim without its verdict, ...)."""
+    data = read_json(path, "a claims file (JSON)")
+    problem = claims_file_problem(data)
+    if problem is not None:
+        raise SystemExit(f"{path} is not a study's claims file: {problem} (a report writes it as <report>_claims.json)")
+    return data["study"], data["claims"]
+
+
+def description_problem(description: object) -> str | None:
+    """What is wrong with a parsed `study.json` for a comparison (it needs `methods`, `settings` and
+    `model.sha256`), in words, or None."""
+    if not isinstance(description, dict):
+        return f"it holds a JSON {json_kind(description)}, not an object"
+    missing = [key for key in ("methods", "settings", "model") if key not in description]
+    if missing:
+        return f"no {', '.join(repr(key) for key in missing)} entry"
+    model, settings = description["model"], description["settings"]
+    if not isinstance(model, dict) or not isinstance(model.get("sha256"), str):
+        return "its 'model' entry has no sha256"
+    if not isinstance(settings, dict) or not {"seeds", "temperatures"} <= set(settings):
+        return "its 'settings' entry lacks seeds or temperatures"
+    return None
+
+
 def study_claims(study: Study, path: Path) -> tuple[dict, list[dict]]:
     """The description and evaluated claims of a run of `study`: its run directory, or a `*_claims.json` file."""
     if not path.exists():
@@ -36,11 +109,13 @@ def study_claims(study: Study, path: Path) -> tuple[dict, list[dict]]:
             f"{path} does not exist (`python -m {study.module}` writes a study's claims beside its report)"
         )
     if path.is_file():
-        data = json.loads(path.read_text())
-        return data["study"], data["claims"]
+        return read_claims_file(path)
     if not (path / STUDY_FILE).is_file():
         raise SystemExit(f"{path} is neither a claims file nor a study run directory (no {STUDY_FILE})")
-    description = json.loads((path / STUDY_FILE).read_text())
+    description = read_json(path / STUDY_FILE, "a study description (JSON)")
+    problem = description_problem(description)
+    if problem is not None:
+        raise SystemExit(f"{path / STUDY_FILE} is not a study description: {problem}")
     records = load_runs(path, list(description["methods"]), study.name)
     if study.table is not None:  # a study whose claims read its trajectories or derived rows
         settings = description["settings"]

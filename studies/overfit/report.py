@@ -10,7 +10,7 @@ import numpy as np
 
 from studies.engine.claims import BASE_ARM, Claim, evaluate_all
 from studies.engine.claims import describe as describe_claim
-from studies.engine.definition import ReportInputs
+from studies.engine.definition import ReportInputs, StudySettings
 from studies.engine.figures import CurvePanel, curve_figure, evaluation_figure, logged
 from studies.engine.report import (
     COMMON_COLUMN,
@@ -71,6 +71,17 @@ def pilot_section(folder: Path) -> str:
     )
 
 
+def overfit_table(records: list[RunRecord], settings: StudySettings) -> dict:
+    """The per-seed table the study's claims read: collect's final values, the base model's row (BASE_ARM, from the
+    first run's sweep at step 0) and every row's `retention` (held-out T = 1.5 over T = 1.0). The report and
+    `python -m studies.engine.compare overfit` both read this one table."""
+    benchmark = benchmark_label(records)
+    runs = collect(records, settings.temperatures, benchmark)
+    table = with_base_model(runs, base_sweep(records), settings.temperatures, benchmark)
+    add_retention(table, "T=1.5", "T=1")
+    return table
+
+
 def overfit_report(inputs: ReportInputs, claims: tuple[Claim, ...], regime: str) -> list[dict]:
     """Write the report (markdown), its two PNG figures and `<stem>_claims.json` beside it; `regime` says in words
     what the runs trained on (studies.overfit.study.Regime.describe).
@@ -81,10 +92,9 @@ def overfit_report(inputs: ReportInputs, claims: tuple[Claim, ...], regime: str)
     records, settings, path, study = inputs.records, inputs.settings, inputs.path, inputs.description
     path.parent.mkdir(parents=True, exist_ok=True)
     benchmark = benchmark_label(records)
-    runs = collect(records, settings.temperatures, benchmark)
     base = base_sweep(records)
-    table = with_base_model(runs, base, settings.temperatures, benchmark)
-    add_retention(table, "T=1.5", "T=1")
+    table = overfit_table(records, settings)
+    runs = {arm: values for arm, values in table.items() if arm != BASE_ARM}  # the trained arms, retention included
     results = evaluate_all(table, estimators(records), claims)
     claims_path = write_claims(path, study, results)
     curves, evaluation = path.with_name(path.stem + "_curves.png"), path.with_name(path.stem + "_evaluation.png")

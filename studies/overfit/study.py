@@ -24,7 +24,7 @@ from pathlib import Path
 from studies.engine.claims import BASE_ARM, Claim, Gate, KOfN, LearningGuard, SignTest
 from studies.engine.definition import ALL_QUERIES, ReportInputs, Study, StudySettings
 from studies.engine.run import main as run_study_main
-from studies.overfit.report import overfit_report
+from studies.overfit.report import overfit_report, overfit_table
 from studies.toy.study import shipped_model
 
 BASE_CONFIG = "configs/quickstart.yaml"
@@ -177,6 +177,7 @@ def overfit_study(regime: Regime, out: Path) -> Study:
         model_identity=shipped_model,
         write_report=write_overfit_report,
         fit_flags=(*regime.flags(), *FIT_FLAGS),
+        table=overfit_table,  # the base model's row and retention: what the compare command's claims read too
     )
 
 

@@ -4,8 +4,13 @@ a `run.json`, `sweep_summary.json` or `timing.json` that does not parse) is name
 
 The runs are copies of the real-model study's committed runs (studies/real_model/runs: real CSVLogger output); the
 rerun's `erpo` is a stand-in whose "training" writes one of them, so no model is trained here.
+
+The compare command (issue 54 item 4) reads the overfitting study's committed runs with the table its claims read (the
+base model's row, retention), and names a damaged claims file (cut short, empty, a list, a claim without its verdict)
+in one line.
 """
 
+import json
 import shutil
 import subprocess
 import sys
@@ -14,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from studies.engine import runs as study_runs
+from studies.engine.compare import main as compare_main
 from studies.engine.definition import StudySettings
 from studies.engine.runs import load_runs, train_one
+from studies.overfit.study import OVERFIT
 from studies.real_model.study import REAL_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,3 +121,50 @@ def test_report_only_on_a_damaged_run_is_one_line_not_a_traceback(study_out):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith(f"grpo seed2 is damaged: {damaged}: cut short")
+
+
+# ------------------------------------------------------ issue 54 item 4: the compare command on runs and claims files
+def compared(capsys, study, *argv: str) -> tuple[int, str]:
+    """`python -m studies.engine.compare <study> ARGV` in this process: (its exit status, what it printed)."""
+    with pytest.raises(SystemExit) as stopped:
+        compare_main(study, list(argv))
+    return stopped.value.code, capsys.readouterr().out
+
+
+def test_compare_on_the_overfit_study_runs_agrees_with_its_shipped_claims(capsys):
+    """The committed runs (read in place: nothing is written) give every claim the shipped result, the retention
+    claims included, whose gate reads the base model's row."""
+    code, out = compared(capsys, OVERFIT, str(REPO / "studies/overfit/runs"))
+    lines = [line for line in out.splitlines() if " | study: " in line]
+    assert len(lines) == len(OVERFIT.claims) and any(" retention.erpo: " in line for line in lines), out
+    for line in lines:
+        study, rerun = line.split(" | study: ")[1].split(" | rerun: ")
+        assert study == rerun, line
+    assert code == 0 and "0 not held" in out, out
+
+
+# a claims file's damage -> what the error says of it
+CLAIMS_DAMAGES = {
+    "cut short": (half, "not readable as a claims file (JSON), cut short or damaged"),
+    "emptied": (lambda text: "", "is empty, not a claims file"),
+    "a list": (lambda text: json.dumps(json.loads(text)["claims"]), "it holds a JSON list, not an object"),
+    "no claims": (lambda text: json.dumps({"study": json.loads(text)["study"]}), "no 'claims' entry"),
+    "a claim without its verdict": (
+        lambda text: json.dumps({**json.loads(text), "claims": [{"key": "gap.erpo", "k": 1, "n": 2}]}),
+        "claim 0 lacks text, verdict, median",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CLAIMS_DAMAGES)
+@pytest.mark.parametrize("role", ["rerun", "shipped"])
+def test_a_damaged_claims_file_is_one_line_naming_it(tmp_path, capsys, case, role):
+    intact = REPO / "studies/overfit/overfit_study_claims.json"
+    damaged = tmp_path / "overfit_study_claims.json"
+    cut, why = CLAIMS_DAMAGES[case]
+    damaged.write_text(cut(intact.read_text()))
+    argv = [str(damaged), "--shipped", str(intact)] if role == "rerun" else [str(intact), "--shipped", str(damaged)]
+    with pytest.raises(SystemExit) as stopped:
+        compare_main(OVERFIT, argv)
+    message = str(stopped.value.code)
+    assert message.startswith(str(damaged)) and why in message and "\n" not in message, message
