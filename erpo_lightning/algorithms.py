@@ -23,6 +23,7 @@ from erpo_lightning.objectives import (
     DEFAULT_ADVANTAGE_EPS,
     DEFAULT_KL_CLAMP,
     DEFAULT_QUERY_WEIGHT_CLIP,
+    MAX_QUERY_KL_TOLERANCE,
     Estimator,
     LossSettings,
     QueryWeightNorm,
@@ -89,8 +90,7 @@ class Algorithm(LossSettings):
             )
         if min(self.query_kl_coef, self.policy_kl_coef, self.weight_decay) < 0:
             raise ValueError("model.query_kl_coef, policy_kl_coef and weight_decay must be >= 0")
-        if self.query_kl_tolerance is not None and not self.query_kl_tolerance >= 0:
-            raise ValueError(f"model.query_kl_tolerance must be >= 0 nats (or null), got {self.query_kl_tolerance}")
+        self._check_query_kl_tolerance()
         if not self.advantage_eps >= 0:
             raise ValueError(f"model.advantage_eps must be >= 0, got {self.advantage_eps}")
         if self.query_weight_source == "current" and self.query_weight_norm == "dataset":
@@ -104,6 +104,21 @@ class Algorithm(LossSettings):
             if len(clip) != 2 or not 0 <= clip[0] <= clip[1]:
                 raise ValueError(f"model.query_weight_clip must be [lo, hi] with 0 <= lo <= hi, or none, got {clip}")
             object.__setattr__(self, "query_weight_clip", (float(clip[0]), float(clip[1])))
+
+    def _check_query_kl_tolerance(self) -> None:
+        """ValueError unless `query_kl_tolerance` is null or in [0, MAX_QUERY_KL_TOLERANCE] nats per query token:
+        beyond the bound the band swallows real drift, and a huge one switches the Query-KL loss off."""
+        tolerance = self.query_kl_tolerance
+        if tolerance is None or 0 <= tolerance <= MAX_QUERY_KL_TOLERANCE:
+            return
+        if not tolerance > MAX_QUERY_KL_TOLERANCE:  # negative or NaN
+            raise ValueError(f"model.query_kl_tolerance must be >= 0 nats (or null), got {tolerance}")
+        raise ValueError(
+            f"model.query_kl_tolerance must be at most {MAX_QUERY_KL_TOLERANCE:g} nat per query token, got "
+            f"{tolerance:g}: the band is for rounding noise (at most 0.62 nats, bfloat16), and one this wide takes "
+            "real drift for noise (1e9 would switch the Query-KL loss off); leave it null for the compute dtype's "
+            "default, or set model.query_kl_coef 0 to train without Query-KL"
+        )
 
     @property
     def static_query_weights(self) -> bool:

@@ -328,12 +328,71 @@ def run_folders(trainer: pl.Trainer) -> list[str]:
 SHARDED_METADATA = "meta.pt"  # what Lightning's ModelParallelStrategy writes beside a sharded checkpoint's tensors
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # the first bytes of every archive torch.save writes (its default, zip format)
+# What to do about a checkpoint file that cannot be read, whichever command met it.
+RESUME_ADVICE = (
+    "use another checkpoint of the run, an earlier step's (`erpo fit --ckpt_path last` skips incomplete files and "
+    "resumes from the newest complete one)"
+)
+
+
+class CheckpointReadError(ValueError):
+    """A checkpoint file that cannot be read: the message names the file, what is wrong with it, and what to do."""
+
+
+def checkpoint_file_problem(path: Path) -> str | None:
+    """Why the file at `path` cannot be a checkpoint torch.save wrote whole, and what to do, in words; None when it
+    may be one. Empty, not a zip archive (another kind of file, or random bytes), or an archive cut short (its
+    directory, which torch.save writes last, missing). Reads the first bytes and the archive's directory only."""
+    size = path.stat().st_size
+    if size == 0:
+        return (
+            "it is empty (0 bytes): nothing was ever written to it (a save killed before its first write, or a "
+            "copy that failed), so it holds no weights to recover; delete it and " + RESUME_ADVICE
+        )
+    with path.open("rb") as handle:
+        start = handle.read(len(ZIP_MAGIC))
+    if start != ZIP_MAGIC:
+        return (
+            f"it is not a torch checkpoint ({size} bytes that do not start as torch.save's zip archive does); "
+            + RESUME_ADVICE
+        )
+    try:
+        with zipfile.ZipFile(path):
+            pass
+    except (OSError, zipfile.BadZipFile):
+        return (
+            f"it is cut short ({size} bytes, without the archive directory torch.save writes last: a save or copy "
+            "that did not finish); " + RESUME_ADVICE
+        )
+    return None
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint file's contents, memory-mapped on the CPU (tensors are not read until used); for a sharded
-    (FSDP2) checkpoint folder, everything but its tensors (its `meta.pt`; {} without one)."""
+    (FSDP2) checkpoint folder, everything but its tensors (its `meta.pt`; {} without one).
+
+    What is and is not detected (issue 54 item 7): an empty file, a file that is not torch's zip archive (random
+    bytes, another format), an archive cut short (its directory, written last, missing) and a damaged pickle or
+    record table (torch fails to load it) are each a CheckpointReadError naming the file. A changed byte inside a
+    tensor's data is NOT detected: the archive's per-record CRC-32 is not checked when torch loads (memory-mapped or
+    not), so the weights load with the changed value, and `erpo export` or a resume would carry it (tested 2026-12-06,
+    torch 2.13: one flipped byte in a 100,000-float tensor loads as one changed value).
+
+    Raises:
+        CheckpointReadError: naming the file, when it is empty, not a torch archive, cut short, or does not load
+            (`checkpoint_file_problem`).
+    """
     path = Path(path)
     if path.is_dir():
         path = path / SHARDED_METADATA
         if not path.is_file():
             return {}
-    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    problem = checkpoint_file_problem(path)
+    if problem is not None:
+        raise CheckpointReadError(f"checkpoint {path} cannot be read: {problem}")
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as error:  # torch's messages (a pickle error, a bad record) do not name the file
+        cause = " ".join(str(error).split()) or type(error).__name__
+        raise CheckpointReadError(f"checkpoint {path} cannot be read ({type(error).__name__}: {cause})") from error

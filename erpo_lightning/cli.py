@@ -13,8 +13,9 @@ engine, reward, group size, sampling). `model.model_path` also sets `data.model_
 linear warm-up of `model.warmup_steps`; see `erpo_lightning/modules/optim.py` for which setting wins).
 
 Settings are checked before anything is loaded (`check_settings`, which runs the owners' own checks, the ones their
-constructors run): a value outside its range, a misspelt top-level key, a model path without a model or a checkpoint
-that is not there is a one-line error naming the field. The CLI also wires the components together: a
+constructors run): a value outside its range, a misspelt top-level key, a key given twice in a config file (YAML
+would keep the last), a model path without a model or a checkpoint that is not there is a one-line error naming the
+field. The CLI also wires the components together: a
 `TemperatureSweepCallback` and `validate`'s sweep sample with the `rollout:` group's sampler and render prompts in the
 `data:` group's `prompt_format()`.
 A list given on the command line (`--data.train "[{path: x.jsonl}]"`) replaces the config file's list.
@@ -56,6 +57,7 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
 from erpo_lightning.callbacks.completions import SampledCompletions  # noqa: E402
+from erpo_lightning.callbacks.final_checkpoint import FinalStepCheckpoint  # noqa: E402
 from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
 from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, stderr_is_terminal  # noqa: E402
 from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
@@ -122,7 +124,8 @@ class ERPOLightningTrainer(Trainer):
     `use_distributed_sampler` defaults to False: the datamodule's `QueryBatchSampler` already gives each rank its
     share of every global batch, and resumes mid-epoch. Checkpoint files are written atomically
     (`AtomicCheckpointIO`) unless `plugins` or the strategy bring their own CheckpointIO, SIGTERM / SIGUSR1 save the
-    last finished step and stop the run (`PreemptionCheckpoint`), sampled completions go to the log folder
+    last finished step and stop the run (`PreemptionCheckpoint`), the step training ends on is saved whatever the
+    checkpoint interval (`FinalStepCheckpoint`: `last.ckpt` holds it), sampled completions go to the log folder
     (`SampledCompletions`, unless one is configured), and the default progress bar is `ERPOProgressBar`
     on a terminal, `ProgressLines` (a plain line every N steps) when stderr is a file or a pipe.
     """
@@ -137,6 +140,8 @@ class ERPOLightningTrainer(Trainer):
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         if not any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
             callbacks.append(PreemptionCheckpoint())
+        if not any(isinstance(c, FinalStepCheckpoint) for c in callbacks):
+            callbacks.append(FinalStepCheckpoint())
         if not any(isinstance(c, SampledCompletions) for c in callbacks):
             callbacks.append(SampledCompletions())
         if kwargs.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -213,12 +218,14 @@ class ERPOCLI(LightningCLI):
         parser.link_arguments("model.model_path", "data.model_path")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Check the config files' top-level keys, then parse with command-line lists replacing the files' lists."""
+        """Check the config files (no key given twice, every top-level key known), then parse with command-line
+        lists replacing the files' lists."""
         args = list(sys.argv[1:] if args is None else args)
         subcommand = next((arg for arg in args if arg in self._subcommand_parsers), None)
         if subcommand is not None:
             known = {action.dest.split(".")[0] for action in self._subcommand_parsers[subcommand]._actions}
             for path in _config_files(args[args.index(subcommand) + 1 :]):
+                check_repeated_keys(path)
                 check_top_level_keys(path, known)
             check_moved_keys(args[args.index(subcommand) + 1 :])
         self.config = parser.parse_args(_replacing_lists(_joined_negative_numbers(args)))
@@ -354,6 +361,46 @@ def check_top_level_keys(path: str, known: set[str]) -> None:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
             raise SettingsError(f"{path}: unknown top-level key '{key}'; {hint}")
+
+
+def repeated_key(node: yaml.Node, prefix: str = "") -> tuple[str, int, int] | None:
+    """The first mapping key given twice in the composed YAML `node` (any depth): (its dotted path, the 1-based lines
+    of its first and second appearance), or None. Merge keys (`<<`) and keys that are not plain scalars are left to
+    the loader."""
+    if isinstance(node, yaml.SequenceNode):
+        items = [(f"{prefix}[{index}]", child) for index, child in enumerate(node.value)]
+    elif isinstance(node, yaml.MappingNode):
+        items, seen = [], {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            dotted = f"{prefix}.{key.value}" if prefix else key.value
+            if key.value in seen:
+                return dotted, seen[key.value], key.start_mark.line + 1
+            seen[key.value] = key.start_mark.line + 1
+            items.append((dotted, value))
+    else:
+        return None
+    return next((found for path, child in items if (found := repeated_key(child, path)) is not None), None)
+
+
+def check_repeated_keys(path: str) -> None:
+    """A SettingsError naming a key that the config file `path` gives twice in one mapping: YAML loaders keep the
+    last value without a word, so one of the two settings would be dropped silently."""
+    try:
+        node = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # not a readable YAML file: the parser reports it
+    try:
+        found = repeated_key(node) if node is not None else None
+    except RecursionError:  # an anchor that contains itself: the parser reports it
+        return
+    if found is not None:
+        key, first, second = found
+        raise SettingsError(
+            f"{path}: key '{key}' is given twice (lines {first} and {second}); YAML would silently keep the second: "
+            "remove one of them"
+        )
 
 
 def check_moved_keys(args: list[str]) -> None:

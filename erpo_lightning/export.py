@@ -18,7 +18,10 @@ model that transformers and vLLM load without peft. `--adapter_out` also writes 
 Before anything loads, `--out` and `--adapter_out` must be folders (or not exist yet) that do not overlap: the same
 folder, or one inside the other, would put the adapter beside (or around) the merged model, which already holds it.
 After writing, the folder is read back (config.json, and safetensors whose tensor names cover the written state
-dict) before the export counts as done. A model whose config ties the LM head to the input embeddings but whose
+dict) before the export counts as done; the message names the global step the checkpoint holds. A write that fails
+(a full disk) is one line naming the folder and the cause, and a folder the export created is removed, not left
+half-written. A checkpoint file that cannot be read (empty, cut short, not a checkpoint) is named with what is wrong
+(`checkpointing.read_checkpoint`). A model whose config ties the LM head to the input embeddings but whose
 trained head differs from them (LoRA on the head, from a checkpoint older than the refusal in modules/lora.py) is
 written untied: `tie_word_embeddings: false` in config.json and `lm_head.weight` in the weights
 (`merged_weights.tied_head_state`), so that no loader silently swaps the trained head for the embeddings.
@@ -27,8 +30,10 @@ written untied: `tie_word_embeddings: false` in config.json and `lm_head.weight`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +54,7 @@ class ExportError(ValueError):
 def checkpoint_model_settings(ckpt_path: str | Path) -> dict[str, Any]:
     """`model_path`, `dtype`, `trust_remote_code` and `peft` (None: full fine-tuning) of the run that wrote
     `ckpt_path` (its module hyper-parameters, else the `model:` group of the run config the CLI stores in every
-    checkpoint)."""
+    checkpoint), and the optimizer step it holds (`global_step`; None when the checkpoint does not say)."""
     if not Path(ckpt_path).exists():
         raise SettingsError(f"--ckpt_path: no checkpoint at {ckpt_path}")
     checkpoint = read_checkpoint(ckpt_path)
@@ -64,6 +69,7 @@ def checkpoint_model_settings(ckpt_path: str | Path) -> dict[str, Any]:
         "dtype": settings.get("dtype") or "float32",
         "trust_remote_code": bool(settings.get("trust_remote_code", False)),
         "peft": lora_settings(settings.get("peft")),
+        "global_step": checkpoint.get("global_step"),
     }
 
 
@@ -105,7 +111,8 @@ def export_checkpoint(
 
     Raises:
         SettingsError: before anything loads, for a bad `out` / `adapter_out` (`check_output_folders`) or checkpoint.
-        ExportError: the written folder does not hold a loadable model (`check_exported_folder`).
+        ExportError: the written folder does not hold a loadable model (`check_exported_folder`), or a write failed
+            (a full disk: the folders the export created are removed, `removed_if_the_write_fails`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,20 +141,46 @@ def export_checkpoint(
 
         adapters = get_peft_model(model, lora_config(lora))  # wraps `model`, adding the adapters to it in place
     load_policy_weights(model, str(ckpt_path))
-    if adapter_out is not None:
-        adapters.peft_config["default"].base_model_name_or_path = initial_model_reference(source)
-        adapters.save_pretrained(Path(adapter_out))
-        check_adapter_folder(Path(adapter_out))
     out = Path(out)
-    state = tied_head_state(model, base_model_state_dict(model))  # may set config.tie_word_embeddings false
-    # Also writes generation_config.json, the initial model's (or transformers' default).
-    model.save_pretrained(out, state_dict=state)
-    AutoTokenizer.from_pretrained(source, trust_remote_code=settings["trust_remote_code"]).save_pretrained(out)
-    check_exported_folder(out, state, embedding_weight_names(model), settings["trust_remote_code"])
+    with removed_if_the_write_fails([out] + ([Path(adapter_out)] if adapter_out is not None else [])):
+        if adapter_out is not None:
+            adapters.peft_config["default"].base_model_name_or_path = initial_model_reference(source)
+            adapters.save_pretrained(Path(adapter_out))
+            check_adapter_folder(Path(adapter_out))
+        state = tied_head_state(model, base_model_state_dict(model))  # may set config.tie_word_embeddings false
+        # Also writes generation_config.json, the initial model's (or transformers' default).
+        model.save_pretrained(out, state_dict=state)
+        AutoTokenizer.from_pretrained(source, trust_remote_code=settings["trust_remote_code"]).save_pretrained(out)
+        check_exported_folder(out, state, embedding_weight_names(model), settings["trust_remote_code"])
     for folder in (out, adapter_out):  # save_pretrained writes weight files 0600; the folder is meant to be shared
         if folder is not None:
             share_like_other_files(Path(folder))
     return out
+
+
+@contextlib.contextmanager
+def removed_if_the_write_fails(folders: list[Path]) -> Iterator[None]:
+    """Run the block that writes `folders`; when a write fails (a full disk: OSError, or safetensors' own
+    SafetensorError), remove each folder the block created, so that no half-written model is left to load, and
+    raise ExportError naming the folder and the cause. A folder that existed before is left as it is (it may hold
+    other files), and the message says it may hold a partial export."""
+    from safetensors import SafetensorError
+
+    existed = {folder: folder.exists() for folder in folders}
+    try:
+        yield
+    except (OSError, SafetensorError) as error:
+        for folder in folders:
+            if not existed[folder]:
+                shutil.rmtree(folder, ignore_errors=True)
+        kept = [str(folder) for folder in folders if existed[folder]]
+        after = (
+            f"; {' and '.join(kept)} existed before and may hold a partial export: delete it or export again"
+            if kept
+            else "; the partial export was removed"
+        )
+        cause = " ".join(str(error).split()) or type(error).__name__
+        raise ExportError(f"could not write the export to {', '.join(map(str, folders))}: {cause}{after}") from error
 
 
 def check_exported_folder(
@@ -209,6 +242,12 @@ def check_adapter_folder(folder: Path) -> None:
         raise ExportError(f"the adapter folder {folder} does not hold the adapter: no {missing[0]}")
 
 
+def checkpoint_step(ckpt_path: str | Path) -> str:
+    """` (global step N)`: the optimizer step the checkpoint holds, for the export's message ("" when unknown)."""
+    step = checkpoint_model_settings(ckpt_path)["global_step"]
+    return "" if step is None else f" (global step {step})"
+
+
 def push_to_hub(folder: Path, repo_id: str) -> str:
     """Upload `folder` to the Hub model repository `repo_id` (made if missing; needs `hf auth login` or
     HF_TOKEN); the repository's URL."""
@@ -230,7 +269,8 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--adapter_out", default=None, help="a LoRA run: also write the adapter alone (peft format)")
     parsed = parser.parse_args(args)
     folder = export_checkpoint(parsed.ckpt_path, parsed.out, parsed.model_path, parsed.adapter_out)
-    print(f"[erpo] exported the policy of {parsed.ckpt_path} to {folder}", flush=True)
+    step = checkpoint_step(parsed.ckpt_path)
+    print(f"[erpo] exported the policy of {parsed.ckpt_path}{step} to {folder}", flush=True)
     if parsed.adapter_out:
         print(f"[erpo] wrote its LoRA adapter to {parsed.adapter_out}", flush=True)
     if parsed.push_to_hub:

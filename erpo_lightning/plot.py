@@ -2,9 +2,12 @@
 
     erpo plot runs/quickstart                      # the newest metrics.csv under it -> curves.png beside that file
     erpo plot runs/quickstart/erpo/version_0 --out curves.png
+    erpo plot runs/quickstart --out figures/                 # figures/curves.png
 
 One panel each for reward, accuracy, Query-KL and response length against the optimizer step: the logged value of
-every step (thin) and its running mean over a 20th of the run (thick), since a step of 16 queries is noisy.
+every step (thin) and its running mean over a 20th of the run (thick), since a step of 16 queries is noisy. A panel
+whose series was logged with only NaN or infinite values says so (not "not logged"); when every panel is like that the
+command stops with that message.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 from pathlib import Path
 
 from erpo_lightning.errors import SettingsError
@@ -38,18 +42,32 @@ def find_metrics(run_dir: str | Path) -> Path:
     return found[-1]
 
 
-def read_series(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """Per PANELS column, the (step, value) pairs of `path` (CSVLogger's metrics.csv) where it was logged."""
+def read_logged(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """Per PANELS column, the (step, value) pairs of `path` (CSVLogger's metrics.csv) where it was logged, NaN and
+    infinite values included."""
     series: dict[str, list[tuple[int, float]]] = {column: [] for column, _, _ in PANELS}
     with path.open(newline="") as handle:
         for row in csv.DictReader(handle):
             for column in series:
                 text = row.get(column) or ""
                 if text and row.get("step"):
-                    value = float(text)
-                    if math.isfinite(value):
-                        series[column].append((int(float(row["step"])), value))
+                    series[column].append((int(float(row["step"])), float(text)))
     return series
+
+
+def read_series(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """Per PANELS column, the (step, value) pairs of `path` where it was logged as a finite number (what is drawn)."""
+    return {
+        column: [(step, value) for step, value in points if math.isfinite(value)]
+        for column, points in read_logged(path).items()
+    }
+
+
+def panel_note(logged: list[tuple[int, float]]) -> str:
+    """What an empty panel says: the series was never logged, or every value it holds is NaN or infinite."""
+    if not logged:
+        return "not logged"
+    return f"only NaN / inf\n({len(logged)} logged steps)"
 
 
 def running_mean(values: list[float], window: int) -> list[float]:
@@ -70,9 +88,16 @@ def plot_curves(metrics: Path, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    logged = read_logged(metrics)
     series = read_series(metrics)
     if not any(series.values()):
         names = ", ".join(column for column, _, _ in PANELS)
+        non_finite = [column for column, points in logged.items() if points]
+        if non_finite:
+            raise SettingsError(
+                f"{metrics}: {', '.join(non_finite)} hold only NaN or infinite values, and no other of {names} was "
+                "logged: nothing to draw (did the run diverge?)"
+            )
         raise SettingsError(f"{metrics}: none of {names} was logged (an `erpo fit` run's metrics.csv?)")
     figure, axes = plt.subplots(2, 2, figsize=(10, 7))
     for axis, (column, title, label) in zip(axes.flat, PANELS, strict=True):
@@ -83,7 +108,7 @@ def plot_curves(metrics: Path, out: Path) -> Path:
             smooth = running_mean(list(values), max(1, len(values) // 20))
             axis.plot(steps, smooth, linewidth=2.0, color="tab:blue")
         else:
-            axis.text(0.5, 0.5, "not logged", ha="center", va="center", transform=axis.transAxes)
+            axis.text(0.5, 0.5, panel_note(logged[column]), ha="center", va="center", transform=axis.transAxes)
         axis.set(title=title, xlabel="optimizer step", ylabel=label)
         axis.grid(alpha=0.3)
     figure.suptitle(str(metrics.parent), fontsize=9)
@@ -98,8 +123,21 @@ def main(args: list[str] | None = None) -> None:
     """`erpo plot` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="erpo plot", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run's log folder (or any folder above it), or a CSV")
-    parser.add_argument("--out", default=None, help="the PNG to write; default: curves.png beside metrics.csv")
+    where = "the PNG to write (a folder: curves.png in it); default: curves.png beside metrics.csv"
+    parser.add_argument("--out", default=None, help=where)
     parsed = parser.parse_args(args)
     metrics = find_metrics(parsed.run_dir)
-    out = plot_curves(metrics, Path(parsed.out) if parsed.out else metrics.parent / "curves.png")
+    out = plot_curves(metrics, output_path(parsed.out, metrics))
     print(f"[erpo] plotted {metrics} to {out}", flush=True)
+
+
+def output_path(out: str | None, metrics: Path) -> Path:
+    """The file `--out` names: `curves.png` beside `metrics` when not given, `curves.png` inside it when it is a
+    folder (an existing one, or a path ending in a separator), `.png` added when it has no extension (matplotlib
+    would add it without a word, and the message would name a file that does not exist)."""
+    if out is None:
+        return metrics.parent / "curves.png"
+    path = Path(out)
+    if path.is_dir() or out.endswith(("/", os.sep)):
+        return path / "curves.png"
+    return path if path.suffix else path.with_name(path.name + ".png")

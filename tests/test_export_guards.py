@@ -187,3 +187,39 @@ def test_an_old_checkpoint_with_lora_on_the_tied_head_never_exports_a_second_hea
     exported = AutoModelForCausalLM.from_pretrained(out)
     assert torch.equal(exported.lm_head.weight, exported.model.embed_tokens.weight) is not trained
     torch.testing.assert_close(probe_logits(exported), probe_logits(policy), atol=1e-4, rtol=1e-5)
+
+
+# ----------------------------------------------------------- issue 54 item 11: an export on a full disk
+# What safetensors raises when the disk fills during a write (its own error type; the text the issue quotes). It writes
+# to a temporary file and renames it, so /dev/full cannot stand in for the file here.
+FULL_DISK = "Error while serializing: I/O error: No space left on device (os error 28)"
+
+
+def write_on_a_full_disk(tensors, filename, metadata=None):
+    """transformers' `safe_save_file` on a full disk: a partial file, then safetensors' error."""
+    from safetensors import SafetensorError
+
+    Path(filename).write_bytes(b"\0" * 1024)
+    raise SafetensorError(FULL_DISK)
+
+
+@pytest.mark.parametrize("existed", [False, True], ids=["new folder", "existing folder"])
+def test_an_export_on_a_full_disk_names_the_folder_and_leaves_no_partial_one(
+    existed, full_checkpoint, tmp_path, capsys, monkeypatch
+):
+    import transformers.modeling_utils
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", write_on_a_full_disk)
+    out = tmp_path / "hf"
+    if existed:
+        out.mkdir()
+    assert run_main("export", "--ckpt_path", str(full_checkpoint), "--out", str(out)) == 1
+    captured = capsys.readouterr()
+    (line,) = [line for line in captured.err.splitlines() if line.startswith("erpo: error: ")]
+    assert line.startswith(f"erpo: error: could not write the export to {out}: {FULL_DISK}; "), line
+    if existed:
+        assert line.endswith(f"; {out} existed before and may hold a partial export: delete it or export again")
+        assert out.is_dir()
+    else:
+        assert line.endswith("; the partial export was removed") and not out.exists()
+    assert "exported" not in captured.out

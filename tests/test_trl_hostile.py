@@ -115,6 +115,25 @@ def test_empty_prompts_are_refused_before_theta0_scoring(prompts, eval_prompts, 
     assert not (tmp_path / "erpo_reference").exists()
 
 
+@pytest.mark.parametrize(
+    ("train_prompts", "eval_prompts", "name"),
+    [([], None, "train_dataset"), (PROMPTS, {"held_out": []}, "eval_dataset['held_out']")],
+    ids=["train", "eval"],
+)
+def test_an_empty_dataset_is_refused_naming_it_before_trl_builds_anything(
+    train_prompts, eval_prompts, name, tiny_model_path, tmp_path
+):
+    """TRL meets an empty dataset with a bare IndexError (issue 54 item 11)."""
+    from datasets import Dataset
+
+    inputs = {"train_dataset": Dataset.from_dict({"prompt": train_prompts})}
+    if eval_prompts is not None:
+        inputs["eval_dataset"] = {key: Dataset.from_dict({"prompt": rows}) for key, rows in eval_prompts.items()}
+    with pytest.raises(ValueError, match=re.escape(f"ERPOTrainer: {name} is empty (0 rows): give it at least one")):
+        make_trainer(tiny_model_path, tmp_path, inputs=inputs)
+    assert not (tmp_path / "erpo_reference").exists()
+
+
 def test_chat_prompts_without_a_chat_template_are_refused_before_theta0_scoring(tmp_path):
     from datasets import Dataset
     from transformers import AutoTokenizer

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from erpo_lightning.checkpointing import read_checkpoint
 from erpo_lightning.evaluation.report import PLOT_PNG, SweepRun, plot_accuracy, print_tables, result_rows, write_results
 from erpo_lightning.evaluation.sweep import Sweep
 from erpo_lightning.modules.sharding import is_sharded_checkpoint, load_sharded_policy
@@ -35,7 +36,7 @@ def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
         raise FileNotFoundError(
             f"{ckpt_path}: neither a checkpoint file nor a sharded checkpoint directory (one with a .metadata file)"
         )
-    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    state = read_checkpoint(path).get("state_dict", {})  # memory-mapped; an unreadable file is named
     weights = {key.removeprefix("policy."): value for key, value in state.items() if key.startswith("policy.")}
     if not weights:
         raise ValueError(f"{ckpt_path}: its state_dict has no `policy.*` weights (not an ERPOModule checkpoint?)")

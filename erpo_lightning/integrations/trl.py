@@ -33,6 +33,7 @@ from erpo_lightning.integrations.trl_guards import (
     FiniteWeightsCallback,
     NaNReturns,
     chat_template,
+    empty_dataset_problem,
     named_datasets,
     prompt_problem,
     reward_problem,
@@ -150,9 +151,10 @@ class ERPOTrainer(GRPOTrainer):
             compute dtype's noise floor (docs/erpo.md, "Query-KL at θ0").
         **fields: single `Algorithm` fields overriding the preset (e.g. `query_kl_coef=0.05`).
     The loss side (loss_type, clip range, advantages) follows the algorithm; a GRPOConfig loss field set to
-    something else is refused, as is every setting rl_loss cannot reproduce (one line naming it). Empty prompts and
-    chat prompts without a chat template are refused before θ0 scoring, a non-finite reward at the step that meets
-    it, and non-finite weights after the optimizer step that made them (`trl_guards`).
+    something else is refused, as is every setting rl_loss cannot reproduce (one line naming it). An empty dataset
+    is refused before TRL builds anything; empty prompts and chat prompts without a chat template before θ0
+    scoring; a non-finite reward at the step that meets it, and non-finite weights after the optimizer step that
+    made them (`trl_guards`).
     """
 
     def __init__(
@@ -167,6 +169,10 @@ class ERPOTrainer(GRPOTrainer):
         algorithm = _algorithm(algorithm, overrides)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         problem = _unsupported(config, algorithm) if config is not None else None  # before TRL builds anything
+        problem = problem or empty_dataset_problem(
+            kwargs.get("train_dataset", args[3] if len(args) > 3 else None),
+            kwargs.get("eval_dataset", args[4] if len(args) > 4 else None),
+        )
         if problem is None:  # LoRA on a tied LM head: refused before the model loads (modules/lora.py)
             remote = bool((getattr(config, "model_init_kwargs", None) or {}).get("trust_remote_code", False))
             peft_config = kwargs.get("peft_config", args[10] if len(args) > 10 else None)

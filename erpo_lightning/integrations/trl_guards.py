@@ -38,6 +38,19 @@ def named_datasets(trainer: GRPOTrainer) -> list[tuple[str, Dataset]]:
     return [("train_dataset", trainer.train_dataset), *evaluations]
 
 
+def empty_dataset_problem(train_dataset, eval_dataset) -> str | None:
+    """The first of the trainer's datasets that has no rows, as a one-line reason, or None. Checked on the arguments,
+    before GRPOTrainer builds anything: TRL meets an empty dataset with a bare IndexError. A dataset without a
+    length (an iterable one) is left to the other checks."""
+    evaluations = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    named = [("train_dataset", train_dataset)]
+    named += [("eval_dataset" if key is None else f"eval_dataset[{key!r}]", data) for key, data in evaluations]
+    for name, dataset in named:
+        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
+            return f"{name} is empty (0 rows): give it at least one prompt (a filter or split that kept nothing?)"
+    return None
+
+
 def chat_template(trainer: GRPOTrainer) -> str | None:
     """The chat template TRL applies to conversational prompts: GRPOConfig.chat_template_path's, or the tokenizer's."""
     return trainer.chat_template or getattr(trainer.processing_class, "chat_template", None)

@@ -24,6 +24,7 @@ from erpo_lightning.objectives.advantages import (
 )
 from erpo_lightning.objectives.kl import (
     DEFAULT_KL_CLAMP,
+    MAX_QUERY_KL_TOLERANCE,
     QUERY_KL_TOLERANCE,
     KLClampMode,
     KLKind,
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_KL_CLAMP",
     "DEFAULT_QUERY_WEIGHT_CLIP",
     "GROUP_ESTIMATORS",
+    "MAX_QUERY_KL_TOLERANCE",
     "QUERY_KL_TOLERANCE",
     "RATIO_LOG_CLAMP",
     "AggregationMode",

@@ -22,6 +22,10 @@ DEFAULT_KL_CLAMP = 10.0
 # differently. Largest |δ_t| measured at θ0 by bench/bench_query_kl_noise.py (docs/erpo.md): float32 4.8e-6 (toy),
 # 5.7e-5 (SmolLM2-135M); bfloat16 p99 0.016 / 0.10, max 0.07 / 0.62. Other dtypes take the bfloat16 value.
 QUERY_KL_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3, torch.bfloat16: 0.1}
+# The largest tolerance a setting may ask for (nats per query token). Rounding noise stays below 0.62 nats (the
+# bfloat16 maximum above); a token whose log-probability moved by more than 1 nat (its probability by a factor of e)
+# has drifted. A larger band would hide that drift, and a huge one (1e9) would switch the Query-KL loss off unnoticed.
+MAX_QUERY_KL_TOLERANCE = 1.0
 
 
 def query_kl_tolerance_for(compute_dtype: torch.dtype) -> float:

@@ -122,8 +122,9 @@ class LossSettings:
             the bit (ERPOModule's `query_kl_scoring: shared_forward`, the TRL trainer): there the rounding gap gives
             Adam a gradient to normalise into full learning-rate steps in a noise direction (docs/erpo.md, "Query-KL
             at θ0"). None = 0 under exact scoring, else `query_kl_tolerance_for(policy compute dtype)`, resolved by
-            whoever runs the model (`rl_loss` alone reads None as the float32 value); 0 = none. The logged Query-KL
-            values are the raw ones.
+            whoever runs the model (`rl_loss` alone reads None as the float32 value); 0 = none; at most
+            `MAX_QUERY_KL_TOLERANCE` (1 nat: a wider band takes real drift for noise, and 1e9 would switch the loss
+            off), refused above it. The logged Query-KL values are the raw ones.
         kl_clamp_mode: how Query-KL and Policy-KL are bounded (`kl_penalty`, `sequence_k3`): `value` clamps the k3
             value at `kl_clamp` (the released code), `log_ratio` clamps the log-ratio at ±`kl_clamp`, `none` is
             plain k3.

@@ -1,0 +1,129 @@
+"""Checkpoints (issue 54): the step a run ends on is saved whatever the checkpoint interval (item 10: 5 steps at
+interval 2 left `last.ckpt` at step 4), `erpo export` says which step it ships, and a checkpoint file that cannot be
+read (empty, random bytes, cut short) is named with what is wrong and what to do (item 11).
+
+The runs are Lightning's BoringModel under the `erpo` trainer (ERPOLightningTrainer: its callbacks, its atomic
+checkpoint writer), a few steps in this process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.cli_runs import run_main
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from transformers import AutoModelForCausalLM
+
+from erpo_lightning.checkpointing import CheckpointReadError, read_checkpoint
+from erpo_lightning.cli import ERPOLightningTrainer
+from erpo_lightning.evaluation.validate import load_policy_weights
+from erpo_lightning.export import checkpoint_model_settings
+from erpo_lightning.toy import SHIPPED_DIR
+
+
+def train(folder: Path, max_steps: int, **checkpoint) -> ModelCheckpoint:
+    """`max_steps` steps of BoringModel under the erpo trainer, with one ModelCheckpoint(`checkpoint`) in `folder`."""
+    callback = ModelCheckpoint(dirpath=folder, **checkpoint)
+    trainer = ERPOLightningTrainer(
+        max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[callback],
+    )  # fmt: skip
+    trainer.fit(BoringModel())
+    return callback
+
+
+def step_of(path: Path) -> int:
+    return read_checkpoint(path)["global_step"]
+
+
+# ---------------------------------------------------------------------------- item 10: the final step is saved
+def test_last_holds_the_final_step_when_max_steps_is_not_a_multiple_of_the_interval(tmp_path):
+    train(tmp_path, 5, every_n_train_steps=2, save_last=True)
+    assert step_of(tmp_path / "last.ckpt") == 5
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["epoch=0-step=4.ckpt", "last.ckpt"]  # no extra file
+
+
+def test_a_linked_last_becomes_a_file_of_the_final_step(tmp_path):
+    train(tmp_path, 5, every_n_train_steps=2, save_last="link")
+    assert not (tmp_path / "last.ckpt").is_symlink() and step_of(tmp_path / "last.ckpt") == 5
+    assert step_of(tmp_path / "epoch=0-step=4.ckpt") == 4
+
+
+def test_without_last_the_final_step_is_saved_as_an_interval_step(tmp_path):
+    train(tmp_path, 5, every_n_train_steps=2, save_top_k=-1, filename="{step}")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step=2.ckpt", "step=4.ckpt", "step=5.ckpt"]
+
+
+def test_a_final_step_on_the_interval_is_saved_once(tmp_path, monkeypatch):
+    saved = []
+    original = ERPOLightningTrainer.save_checkpoint
+
+    def counting(self, path, *args, **kwargs):
+        saved.append(Path(path).name)
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(ERPOLightningTrainer, "save_checkpoint", counting)
+    train(tmp_path, 4, every_n_train_steps=2, save_last=True)
+    assert step_of(tmp_path / "last.ckpt") == 4
+    assert saved == ["epoch=0-step=2.ckpt", "last.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"]
+
+
+def test_export_says_which_step_it_ships(tmp_path, capsys):
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32)
+    checkpoint = tmp_path / "last.ckpt"
+    state = {f"policy.{name}": value for name, value in model.state_dict().items()}
+    hyper_parameters = {"model_path": str(SHIPPED_DIR)}
+    torch.save({"global_step": 5, "hyper_parameters": hyper_parameters, "state_dict": state}, checkpoint)
+    assert checkpoint_model_settings(checkpoint)["global_step"] == 5
+    from erpo_lightning.export import main as export
+
+    export(["--ckpt_path", str(checkpoint), "--out", str(tmp_path / "hf")])
+    assert f"exported the policy of {checkpoint} (global step 5) to {tmp_path / 'hf'}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ item 11: a checkpoint file that cannot be read
+@pytest.fixture(scope="module")
+def whole_checkpoint(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("whole") / "whole.ckpt"
+    torch.save({"global_step": 3, "state_dict": {"policy.w": torch.arange(4096, dtype=torch.float32)}}, path)
+    return path
+
+
+# how the file is damaged -> what the error says of it
+DAMAGES = {
+    "empty": (lambda data: b"", "it is empty (0 bytes): nothing was ever written to it"),
+    "random bytes": (lambda data: os.urandom(len(data)), "it is not a torch checkpoint"),
+    "cut short": (lambda data: data[: len(data) // 2], "it is cut short"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGES)
+@pytest.mark.parametrize("reader", ["read_checkpoint", "load_policy_weights"])
+def test_an_unreadable_checkpoint_is_named_with_what_is_wrong(whole_checkpoint, tmp_path, case, reader):
+    damaged = tmp_path / "last.ckpt"
+    cut, why = DAMAGES[case]
+    damaged.write_bytes(cut(whole_checkpoint.read_bytes()))
+    with pytest.raises(CheckpointReadError) as error:
+        if reader == "read_checkpoint":
+            read_checkpoint(damaged)
+        else:
+            load_policy_weights(torch.nn.Linear(1, 1), str(damaged))
+    message = str(error.value)
+    assert message.startswith(f"checkpoint {damaged} cannot be read: {why}"), message
+    assert "another checkpoint of the run" in message and "mmap" not in message and "\n" not in message
+
+
+def test_an_empty_checkpoint_given_to_export_is_one_line_naming_it(tmp_path, capsys):
+    empty = tmp_path / "last.ckpt"
+    empty.touch()
+    assert run_main("export", "--ckpt_path", str(empty), "--out", str(tmp_path / "hf")) == 1
+    err = capsys.readouterr().err
+    assert f"erpo: error: checkpoint {empty} cannot be read: it is empty (0 bytes)" in err and "Traceback" not in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_whole_checkpoint_reads(whole_checkpoint):
+    assert read_checkpoint(whole_checkpoint)["global_step"] == 3
