@@ -100,6 +100,15 @@ def test_a_component_value_that_is_not_a_finite_number_is_refused_naming_compone
         reward(["first", "second", "third"], ["", "", ""])
 
 
+@pytest.mark.parametrize("value", ["1.0", b"1", "0"])
+def test_a_component_that_returns_text_is_refused_even_when_it_reads_as_a_number(value):
+    """Issue 54: `float("1.0")` would read it; a component that returns text has a bug, named with its row."""
+    reward = CombinedReward([length, returning([0.5, value])], names=["length", "texty"])
+    expected = rf"component 'texty' returned {value!r} for row 1 \(response 'b'\): every component must return a finite"
+    with pytest.raises(ValueError, match=expected + " number for every response, not text$"):
+        reward(["a", "b"], ["", ""])
+
+
 def test_a_wrong_count_a_non_list_and_an_overflowing_sum_are_refused_naming_them():
     responses, golds = ["a", "b"], ["", ""]
     with pytest.raises(ValueError, match=r"^CombinedReward component 'short': the reward .* returned 1 values for 2"):
@@ -188,6 +197,11 @@ FORMAT_CASES = [
     ("<think>\\boxed{4}</think> so 4", "no_boxed_answer"),  # a box inside the thought is not the answer
     ("<think>2 + 2 = 4</think> \\boxed{4", "no_boxed_answer"),  # unterminated
     ("<think>2 + 2 = 4</think> \\boxed{ }", "no_boxed_answer"),  # empty
+    ("<think>2 + 2 = 4</think> \\boxed{\\boxed{}}", "no_boxed_answer"),  # issue 54: a box that shows nothing
+    ("<think>2 + 2 = 4</think> \\boxed{\\text{ }}", "no_boxed_answer"),
+    ("<think>2 + 2 = 4</think> \\boxed{\\quad}", "no_boxed_answer"),
+    ("<think>2 + 2 = 4</think> \\boxed{$ $}", "no_boxed_answer"),
+    ("<think>2 + 2 = 4</think> \\boxed{{}}", "no_boxed_answer"),
     ("<think>2 + 2 = 4</think> \\boxed{4} and \\boxed{", "no_boxed_answer"),  # the last box is unterminated
     (b"<think>ok</think> \\boxed{1}", "well_formed"),  # bytes are decoded
     (b"<think>\xff\xfe</think> \\boxed{1}", "well_formed"),  # undecodable bytes are replaced, not fatal
@@ -204,7 +218,8 @@ def test_the_think_format_follows_its_documented_rules(response, status):
 
 def test_answers_without_a_box_pass_when_the_box_is_not_required():
     reward = ThinkFormatReward(require_boxed=False)
-    assert reward(["<think>2 + 2</think> 4", "<think>2 + 2</think> ", "4"], ["4"] * 3) == [1.0, 0.0, 0.0]
+    responses = ["<think>2 + 2</think> 4", "<think>2 + 2</think> ", "4", "<think>2 + 2</think> \\boxed{}"]
+    assert reward(responses, ["4"] * 4) == [1.0, 0.0, 0.0, 0.0]  # an empty box shows nothing (issue 54)
 
 
 def test_a_prompt_that_opens_the_think_block_counts_as_the_responses_opening_tag():

@@ -37,7 +37,8 @@ EXAMPLES = {
     "font_markup": ("B", "\\mathcal{B}"),
     "doubled_backslashes": ("0.5", "\\\\frac{1}{2}"),
     "symbolic_extras": ("1+2i", "i(2-i)"),
-    "unevaluated_arithmetic": ("19", "5 + 9 + 5"),
+    "unsimplified_values": ("1", "\\frac{3}{3}"),
+    "unevaluated_arithmetic": ("70", "\\binom{8}{4}"),  # a sum such as `5 + 9 + 5` is `unsimplified_values` now
     "equation_right_side": ("7", "5 = 7"),
     "invisible_characters": ("12", "1\u200b2"),
 }

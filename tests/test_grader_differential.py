@@ -6,8 +6,9 @@ suite, every benchmark gold as its own answer, and >= 500 near misses generated 
 truncated, sign-flipped, off by one, swapped tuple elements, reordered intervals, wrong units, decimals of exact
 values), and issue 30's cases: digits past the rounding place, the two exploits Math-Verify pays for (refused unless
 their convention is on) and invisible characters; issue 43's: wrapped restatements of a numeric gold (refused unless
-`unevaluated_arithmetic` is on) and hedged answers. The near misses run in the fast tier; the peer suite and all 2,836
-golds in the slow tier.
+`unevaluated_arithmetic` is on) and hedged answers; issue 54's: the same restatements against the problems they write
+back, a retraction in the sentence of the answer and digits set side by side. The near misses run in the fast tier;
+the peer suite and all 2,836 golds in the slow tier.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ STRICTNESS_CASES = [
 ]
 # Issue 43 item 2: a numeric gold is paid through evaluation only for one literal number. Every other shape restates a
 # computation (wrapped, with a Unicode minus, juxtaposed, a function of numbers, a division left to do); Math-Verify
-# pays all of them, MathReward only with `unevaluated_arithmetic` on.
+# pays all of them, MathReward only with `unevaluated_arithmetic` on. Issue 54: each is refused against a problem it
+# writes back ("Compute $38/2$."); without a problem, the unsimplified values among them restate nothing and are paid.
 WRAPPED_CASES = [
     ("8", "\\lceil 8 - 2 + 2 \\rceil"),
     ("8", "\\lfloor 8 - 2 + 2 \\rfloor"),
@@ -60,6 +62,8 @@ WRAPPED_CASES = [
     ("4", "\\sqrt{16}"),
     ("120", "5!"),
 ]
+# Arithmetic among them that restates nothing without a problem (issue 54): paid by its value then.
+UNSIMPLIFIED_WRAPPED = {"(8 - 2 + 2)", "8 \u2212 2 + 2", "38/2", "\\frac{16}{2}", "\\frac{2}{4}", "\\sqrt{16}"}
 # One literal number in any notation still passes, as does a non-numeric gold's equal value.
 LITERAL_CASES = [
     ("-5", "\u22125"),
@@ -80,7 +84,10 @@ HEDGED_CASES = [
     ("19", "Answer: 7 or possibly 19", False, None),
     ("19", "\\boxed{7} The answer is 7 or maybe 19", False, None),
     ("19", "\\boxed{x = 7 = 19}", True, "equation_right_side"),
+    ("19", "The answer is 7 unless it is 19.", False, None),  # issue 54: a retraction in the same sentence
 ]
+# Issue 54 item 12: digits set side by side (spaces, thin spaces, LaTeX spacing) are not one number.
+JUXTAPOSED_CASES = [("19", "1 9"), ("19", "1\\,9"), ("19", "1\\;9"), ("19", "1~9"), ("19", "1\u20099")]
 # Issue 30 item 9: invisible characters, ignored by default (a named convention), which Math-Verify does not do.
 INVISIBLE_CASES = [("12", "1\u200b2"), ("12", "12\u200b"), ("x+1", "x\u200e+1"), ("\\frac{1}{2}", "\ufeff\\frac{1}{2}")]
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -123,7 +130,7 @@ def near_misses(count: int, seed: int = 0) -> list[tuple[str, str]]:
     golds = _golds()
     pairs: list[tuple[str, str]] = [(g, p) for g, p in ISSUE_CASES + INVISIBLE_CASES]
     pairs += [(gold, answer) for gold, answer, *_ in STRICTNESS_CASES]
-    pairs += WRAPPED_CASES + LITERAL_CASES
+    pairs += WRAPPED_CASES + LITERAL_CASES + JUXTAPOSED_CASES
     while len(pairs) < count:
         gold = rng.choice(golds)
         if (m := _PAIR.fullmatch(gold)) is not None:
@@ -190,12 +197,18 @@ def _boxed(pairs) -> tuple[list[str], list[str]]:
     return [f"So the final answer is $\\boxed{{{pair[1]}}}$." for pair in pairs], [pair[0] for pair in pairs]
 
 
+def _restating(pairs) -> list[str]:
+    """A problem for each pair that its answer writes back: "Compute $38/2$." for the answer `38/2` (issue 54: an
+    unsimplified value is a restatement only against its problem's text)."""
+    return [f"Compute ${pair[1]}$." for pair in pairs]
+
+
 def test_strict_refuses_digits_past_the_rounding_place_and_the_two_exploits(strict):
     responses, golds = _boxed(STRICTNESS_CASES)
     assert [math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True)] == [
         case[2] for case in STRICTNESS_CASES
     ]
-    assert strict(responses, golds) == [0.0] * len(STRICTNESS_CASES)
+    assert strict(responses, golds, problems=_restating(STRICTNESS_CASES)) == [0.0] * len(STRICTNESS_CASES)
     # Digits within the rounding place, and a decimal for a value that has no short decimal, still pass.
     assert strict(*_boxed([("3", "3.000000"), ("\\frac{1}{3}", "0.3333333"), ("3.14159265", "3.141593")])) == [1.0] * 3
 
@@ -204,21 +217,33 @@ def test_strict_refuses_digits_past_the_rounding_place_and_the_two_exploits(stri
 def test_each_exploit_is_a_convention_a_user_can_turn_back_on(name):
     cases = [case for case in STRICTNESS_CASES if case[3] == name]
     with MathReward(num_workers=1, conventions={name: True}) as reward:
-        verdicts = reward.grade(*_boxed(cases))
+        verdicts = reward.grade(*_boxed(cases), problems=_restating(cases))
     assert all(v.correct and name in v.conventions for v in verdicts), verdicts
     with MathReward(num_workers=1, preset="lenient") as lenient:  # the grader's behaviour before it was named
-        assert lenient(*_boxed(cases)) == [1.0] * len(cases)
+        assert lenient(*_boxed(cases), problems=_restating(cases)) == [1.0] * len(cases)
 
 
 def test_strict_pays_a_numeric_gold_only_for_one_literal_number(strict):
-    """Issue 43 item 2: each wrapped restatement Math-Verify pays scores 0; 1 only under `unevaluated_arithmetic`."""
+    """Issue 43 item 2: each wrapped restatement Math-Verify pays scores 0; 1 only under `unevaluated_arithmetic`.
+    Issue 54: against its problem's text; without one, the arithmetic among them (a sum, a fraction not in lowest terms,
+    the root of a perfect square) restates nothing and is paid by its value; the rest is still refused."""
     responses, golds = _boxed(WRAPPED_CASES)
+    problems = _restating(WRAPPED_CASES)
     assert all(math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True))
-    assert strict(responses, golds) == [0.0] * len(WRAPPED_CASES)
+    assert strict(responses, golds, problems=problems) == [0.0] * len(WRAPPED_CASES)
     with MathReward(num_workers=1, conventions={"unevaluated_arithmetic": True}) as evaluating:
-        verdicts = evaluating.grade(responses, golds)
+        verdicts = evaluating.grade(responses, golds, problems=problems)
     assert all(v.correct and "unevaluated_arithmetic" in v.conventions for v in verdicts), verdicts
     assert strict(*_boxed(LITERAL_CASES)) == [1.0] * len(LITERAL_CASES)
+    unknown = [v.conventions if v.correct else None for v in strict.grade(responses, golds)]
+    assert unknown == [("unsimplified_values",) if p in UNSIMPLIFIED_WRAPPED else None for _, p in WRAPPED_CASES]
+
+
+def test_digits_set_side_by_side_are_not_one_number(strict):
+    """Issue 54 item 12: `1 9` and its thin-spaced forms are not 19 (they were paid without naming a convention)."""
+    responses, golds = _boxed(JUXTAPOSED_CASES)
+    assert strict(responses, golds) == [0.0] * len(JUXTAPOSED_CASES)
+    assert not any(math_verify_accepts(g, r) for g, r in zip(golds, responses, strict=True))
 
 
 def test_hedged_answers_score_zero(strict):

@@ -20,7 +20,10 @@ CONVENTION_PREFIXES = ("convention", "extraction_policy", "config", "reasoning_t
 # Since issue 43 (2026-12-03) strict pays a numeric gold only for one literal number and refuses a chain of different
 # values, so it gives up three more, all tagged `config:*`: c0034 `\frac3{3}` for 1 and c0179 `\sqrt{17}` for
 # 4.123105625617661 (`unevaluated_arithmetic`), c0094 `x = 5+5+1 = 7 =11` for `x = 11` (`equation_right_side`).
-STRICT_TOTAL, LENIENT_TOTAL = 340, 348
+# Since issue 54 (2026-12-06) strict pays arithmetic that restates nothing by its value (`unsimplified_values`; no
+# problem texts here, so nothing is known to be restated): c0034 `\frac3{3}` for 1, c0027 `(9+1)` for 10 and c0179
+# `\sqrt{17}` for 4.123105625617661 (compared at 6 places, as any decimal) agree again: 343.
+STRICT_TOTAL, LENIENT_TOTAL = 343, 348
 
 
 def _is_plain(case: dict) -> bool:

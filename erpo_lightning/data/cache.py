@@ -3,8 +3,10 @@
 Stored as one safetensors file plus a JSON manifest (what it was computed from, see `fingerprint.py`). The scores
 file carries the manifest's fingerprint and its row count in its own metadata, so a scores file copied from another
 cache, cut short or damaged is refused on load (`CacheCorruptError`, naming the file and how to rebuild it) instead
-of training against the wrong numbers. The trainer reads the scores through `ReferenceLogprobCache.padded`, which
-lines the cached values up with left-padded prompt tokens.
+of training against the wrong numbers. One process at a time builds the cache of a folder: a second `erpo cache`
+(or `erpo fit`) that would build it meanwhile is refused before its model loads, naming the builder
+(`lock_cache_build`). The trainer reads the scores through `ReferenceLogprobCache.padded`, which lines the cached
+values up with left-padded prompt tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import errno
 import json
 import os
 import re
+import socket
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -256,12 +259,82 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
     return removed
 
 
-def check_writable(*folders: Path) -> None:
-    """Create each folder (parents too) and a file in it, then remove the file: a read-only folder or file system is
-    refused before any score is computed.
+class CacheBuildInProgress(RuntimeError):
+    """Another live process is building the reference score cache in the same folder (`lock_cache_build`)."""
+
+
+# Cache folder (resolved) -> the open descriptor of its build lock, for the builds this process holds.
+_BUILD_LOCKS: dict[Path, int] = {}
+
+
+def build_lock_path(directory: Path) -> Path:
+    """The build lock file of a cache folder: `.<name>.erpo-cache.lock` beside it (the folder holds only the cache)."""
+    return directory.parent / f".{directory.name}.erpo-cache.lock"
+
+
+def _first_process() -> bool:
+    """Whether this is the first process of its job (rank 0 of node 0, by the launchers' variables)."""
+    names = ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID")
+    return all(int(os.environ.get(name, "0") or 0) == 0 for name in names)
+
+
+def lock_cache_build(directory: str | Path) -> None:
+    """Take this process's exclusive right to build the cache in `directory` (an `flock` on `build_lock_path`),
+    held until `release_cache_build` (`write_cache` calls it once the cache is complete) or until the process ends,
+    however it ends. The file names the holder's pid and host for the refusal of a second build.
+
+    Only the first process of a job takes it: the other ranks of a multi-process build compute beside it. A process
+    that holds it already keeps it.
 
     Raises:
-        CacheWriteError naming the first folder that cannot be written.
+        CacheBuildInProgress naming the folder, the holder and what to do.
+    """
+    import fcntl
+
+    directory = Path(directory).resolve()
+    if not _first_process() or directory in _BUILD_LOCKS:
+        return
+    try:
+        descriptor = os.open(build_lock_path(directory), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return  # a read-only parent of a writable cache folder: build unguarded, as before the lock existed
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(descriptor, 4096, 0).decode(errors="replace").split()
+        os.close(descriptor)
+        who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
+        raise CacheBuildInProgress(
+            f"{directory}: another erpo process ({who}) is building the reference score cache in this folder; wait "
+            "for it to finish and run again (the finished cache is then loaded, not rebuilt), or give this run "
+            "another data.cache_dir"
+        ) from None
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    _BUILD_LOCKS[directory] = descriptor
+
+
+def release_cache_build(directory: str | Path) -> None:
+    """Empty and unlock the build lock of `directory` if this process holds it (otherwise nothing happens)."""
+    import fcntl
+
+    descriptor = _BUILD_LOCKS.pop(Path(directory).resolve(), None)
+    if descriptor is None:
+        return
+    os.ftruncate(descriptor, 0)
+    fcntl.flock(descriptor, fcntl.LOCK_UN)
+    os.close(descriptor)
+
+
+def check_writable(*folders: Path) -> None:
+    """Create each folder (parents too) and a file in it, then remove the file: a read-only folder or file system is
+    refused before any score is computed. Then take the build lock of the first folder, the cache folder
+    (`lock_cache_build`): this is called right before a build, so a second build of the same folder is refused
+    before its model loads.
+
+    Raises:
+        CacheWriteError naming the first folder that cannot be written; CacheBuildInProgress when another process
+        is building the cache in the first folder.
     """
     for folder in folders:
         try:
@@ -271,6 +344,8 @@ def check_writable(*folders: Path) -> None:
             os.unlink(probe)
         except OSError as error:
             raise CacheWriteError(folder, error, "cannot write in this cache folder") from error
+    if folders:
+        lock_cache_build(folders[0])
 
 
 def write_cache(directory: str | Path, cache: ReferenceLogprobCache, manifest: dict, fingerprint: str) -> Path:
@@ -279,6 +354,7 @@ def write_cache(directory: str | Path, cache: ReferenceLogprobCache, manifest: d
     directory = Path(directory)
     cache.save(directory / SCORES_FILE, {"fingerprint": fingerprint, "dtype": str(manifest.get("dtype"))})
     atomic_write(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True).encode())
+    release_cache_build(directory)  # complete: a run that starts now loads it
     return directory
 
 

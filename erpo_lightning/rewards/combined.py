@@ -1,10 +1,10 @@
 """``CombinedReward``: a weighted sum of rewards, each component's mean also reported on its own.
 
 Every component is held to the same rules: it is called with the keyword inputs its own signature accepts
-(`protocol.RewardSignature`), it must return one finite number per response (a NaN, an infinity or a value that is
-not a number stops the step with one line naming the component, the row and the response), and a component with a
-worker pool keeps it (`MathReward`'s verifier processes, with their deadline and bounds): `close()` and leaving a
-`with` block close every component's.
+(`protocol.RewardSignature`), it must return one finite number per response (text, even "1.0", a NaN, an infinity or
+any other value that is not a number stops the step with one line naming the component and the row), and a
+component with a worker pool keeps it (`MathReward`'s verifier processes, with their deadline and bounds): `close()`
+and leaving a `with` block close every component's.
 """
 
 from __future__ import annotations
@@ -191,14 +191,17 @@ def check_reward_inputs(reward: Reward, columns: Sequence[str]) -> None:
 
 
 def _finite(name: str, row: int, value: Any, responses: list[str]) -> float:
-    """`value` as a float; ValueError naming the component, the row and its response when it is not a finite number."""
+    """`value` as a float; ValueError naming the component, the row and its response when it is not a finite number
+    (text is refused even when it reads as one: a component that returns "1.0" has a bug to fix)."""
+    text = isinstance(value, (str, bytes, bytearray))
     try:
-        number = float(value)
+        number = math.nan if text else float(value)
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number):
         raise ValueError(
             f"CombinedReward component {name!r} returned {value!r:.40} for row {row} (response "
             f"{str(responses[row])!r:.80}): every component must return a finite number for every response"
+            + (", not text" if text else "")
         )
     return number

@@ -25,6 +25,7 @@ from erpo_lightning.rewards.numbers import (
     numbers_equal,
     parse_number,
 )
+from erpo_lightning.rewards.restatement import restates, unsimplified_value
 from erpo_lightning.rewards.structure import Node, Seq, parse_answer, parse_item, split_top
 
 # (gold, pred, conventions used) -> equal; the callee adds to the set the conventions its verdict relied on.
@@ -49,11 +50,14 @@ _GLUED_UNIT = re.compile(r"\d+(?:\.\d+)?[A-Za-z]+")
 _CURRENCY = re.compile(r"\\\$|\\euro(?![A-Za-z])|€|£")
 _FONT = re.compile(r"\\(?:mathcal|mathbb|mathbf|mathit|mathsf|mathscr|boldsymbol|textbf|textit)(?![A-Za-z])")
 _PLUS_MINUS_SIGN = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
+_SPACE = re.compile(r"(?P<gap>(?<=\d)\s+(?=\d))|\s+")
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(?:([ap])\.?\s*m\.?)?", re.IGNORECASE)
 
 
 def _squash(text: str) -> str:
-    return re.sub(r"\s+", "", text)
+    """``text`` without whitespace, except one space kept between two digits: ``1 9`` is two numbers set side by
+    side, not 19 (a thousands grouping such as ``1 000`` is joined by ``normalize_answer`` under ``thousands``)."""
+    return _SPACE.sub(lambda m: " " if m.group("gap") else "", text)
 
 
 def _is_label(text: str) -> bool:
@@ -135,13 +139,17 @@ class AnswerComparer:
         self.symbolic = symbolic
         self.settings = settings or GraderSettings()
         self.used: set[str] = set()
+        self.problem_numbers: frozenset[Fraction] | None = None
 
-    def equal(self, gold: str, pred: str) -> bool:
+    def equal(self, gold: str, pred: str, problem_numbers: frozenset[Fraction] | None = None) -> bool:
         """True when ``pred`` expresses the same answer as ``gold`` (both already extracted).
 
-        Afterwards ``used`` holds the conventions this verdict relied on (empty for a plain equality).
+        ``problem_numbers``: the numbers the problem writes (``restatement.problem_numbers``), which decide whether
+        an unsimplified value restates the problem; None when the problem is unknown. Afterwards ``used`` holds the
+        conventions this verdict relied on (empty for a plain equality).
         """
         self.used = set()
+        self.problem_numbers = problem_numbers
         asymmetric = {
             name
             for name, pattern in (
@@ -302,6 +310,10 @@ class AnswerComparer:
             return False  # refused here: Math-Verify's own reading would decide otherwise
         gold_number = parse_number(gold.text, mixed, scientific)
         pred_number = parse_number(pred.text, mixed, scientific)
+        if gold_number is not None and not is_literal(pred.text, mixed, scientific):
+            unsimplified = self._unsimplified(gold_number, gold, pred)
+            if unsimplified is not None:
+                return unsimplified
         if gold_number is not None and pred_number is not None:
             literal = is_literal(pred.text, mixed, scientific)
             if not literal and not self.settings.unevaluated_arithmetic:
@@ -333,8 +345,9 @@ class AnswerComparer:
                 return True
             same = gold.text.casefold().split() == pred.text.casefold().split()
             return self.settings.text_case and self._uses("text_case", same)
-        # A numeric gold is matched by a literal number only (decided above): anything else here ("5 + 9 + 5",
-        # "\\lceil 8 \\rceil", "\\binom{8}{4}", "5 9 5") is only paid through evaluation, which pays restatements.
+        # A numeric gold is matched by a literal number, or an unsimplified value that restates nothing (decided
+        # above): anything else here ("5 + 9 + 5", "\\lceil 8 \\rceil", "\\binom{8}{4}", "5 9 5", a restating
+        # "\\sqrt{16}") is only paid through evaluation, which pays restatements.
         computed = gold_number is not None
         if computed and not self.settings.unevaluated_arithmetic:
             return False
@@ -347,6 +360,20 @@ class AnswerComparer:
         verdict = self._note_signs(gold, pred, self._symbolic(gold_text, pred_text))
         verdict = self._uses("degrees", verdict) if inner_degrees else verdict
         return self._uses("unevaluated_arithmetic", verdict) if computed else verdict
+
+    def _unsimplified(self, gold_number: Fraction, gold: Leaf, pred: Leaf) -> bool | None:
+        """The verdict on ``pred`` as its value left unsimplified (``\\frac{2}{4}``, ``\\sqrt{16}``, ``2^{10}``,
+        ``(9+1)``) that does not restate the problem (``unsimplified_values``): its value against the gold's. None when
+        this rule does not decide: ``pred`` is no such arithmetic, it restates the problem, the convention is off, or
+        its value is an irrational root and the gold no decimal to round it to (then only ``unevaluated_arithmetic``
+        may evaluate it)."""
+        if not self.settings.unsimplified_values:
+            return None
+        form = unsimplified_value(pred.text)
+        if form is None or restates(form, self.problem_numbers) or not (form.exact or is_decimal(gold.text)):
+            return None
+        verdict = self._uses("unsimplified_values", self._numbers(gold_number, gold, form.value, pred))
+        return self._note_signs(gold, pred, verdict)
 
     def _numbers(self, gold: Fraction, gold_leaf: Leaf, pred: Fraction, pred_leaf: Leaf) -> bool:
         decimal = is_decimal(gold_leaf.text) or is_decimal(pred_leaf.text)

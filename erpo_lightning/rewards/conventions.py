@@ -42,9 +42,13 @@ CONVENTIONS: dict[str, str] = {
     "symbolic_extras": "rules beyond Math-Verify's sympy checks: written-out operations evaluated, a lone `i` as the "
     "imaginary unit, expressions equal at random real points",
     "numeric_tolerance": "numbers within relative tolerance `rel_tol` are equal (off when rel_tol is 0)",
-    "unevaluated_arithmetic": "an answer to a numeric gold that is not one literal number is evaluated (`5 + 9 + 5` "
-    "for 19, `2^{10}` for 1024, `\\binom{8}{4}` for 70, `38/2` for 19): off by default, since it pays for restating "
-    "the problem",
+    "unsimplified_values": "an answer to a numeric gold written as arithmetic on numbers (`\\frac{2}{4}`, "
+    "`\\sqrt{16}`, `2^{10}`, `(9+1)`) is evaluated by hand and paid by its value, unless it restates the problem: one "
+    "operation on numbers all of which the problem writes (`\\frac{38}{2}` for 'Compute 38/2.'), or several on any "
+    "of them (decided when the reward is given the problem texts)",
+    "unevaluated_arithmetic": "an answer to a numeric gold that is neither one literal number nor arithmetic that "
+    "restates nothing is evaluated symbolically (`\\binom{8}{4}` for 70, `\\lceil 8 \\rceil` for 8, a restating "
+    "`5 + 9 + 5` for 19): off by default, since it pays for restating the problem",
     "equation_right_side": "an equation whose left side is not a name, or a chain of different numbers, is read as its "
     "last side (`5 = 7` for 7, `x = 7 = 19` for 19); off by default: `x = 7` needs only `assignment`",
     "invisible_characters": "zero-width characters, direction marks, byte-order marks and other invisible format "
@@ -91,6 +95,7 @@ class GraderSettings:
     font_markup: bool = True
     doubled_backslashes: bool = True
     symbolic_extras: bool = True
+    unsimplified_values: bool = True
     unevaluated_arithmetic: bool = False
     equation_right_side: bool = False
     invisible_characters: bool = True

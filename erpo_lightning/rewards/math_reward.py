@@ -6,6 +6,7 @@ import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from functools import lru_cache
 from typing import Literal
 
@@ -20,7 +21,8 @@ from erpo_lightning.rewards.extraction import (
     has_doubled_commands,
 )
 from erpo_lightning.rewards.normalize import has_invisible
-from erpo_lightning.rewards.pool import Outcome, VerifierPool
+from erpo_lightning.rewards.pool import Outcome, Task, VerifierPool
+from erpo_lightning.rewards.restatement import problem_numbers
 
 Backend = Literal["erpo", "math_verify"]
 Status = Literal["graded", "no_answer", "too_long", "too_deep", "timeout", "error"]
@@ -57,6 +59,19 @@ class Verdict:
 @lru_cache(maxsize=4096)
 def _cached_gold(gold: str, join_boxes: bool, undouble: bool, invisible: bool) -> tuple[str, bool]:
     return extract_gold_parts(gold, join_boxes, undouble, invisible)
+
+
+def _numbers_of_problems(problems: Sequence[object] | None, count: int) -> list[frozenset[Fraction] | None]:
+    """The numbers each of ``count`` pairs' problem writes (``restatement.problem_numbers``), read once per distinct
+    problem (a rollout repeats each one for its group); None for a pair whose problem is unknown (no problems, or
+    one that is not text)."""
+    if problems is None:
+        return [None] * count
+    read: dict[str, frozenset[Fraction]] = {}
+    for problem in problems:
+        if isinstance(problem, str) and problem not in read:
+            read[problem] = problem_numbers(problem)
+    return [read.get(problem) if isinstance(problem, str) else None for problem in problems]
 
 
 def bracket_depth(text: str, stop_at: int) -> int:
@@ -144,25 +159,34 @@ class MathReward:
         self._in_process = None
         self._counts: Counter[str] = Counter()
 
-    def __call__(self, responses: list[str], golds: list[str]) -> list[float]:
-        """One reward per ``(response, gold)`` pair."""
-        return [self.correct_reward if ok else self.incorrect_reward for ok in self.verdicts(responses, golds)]
+    def __call__(self, responses: list[str], golds: list[str], problems: list[str] | None = None) -> list[float]:
+        """One reward per ``(response, gold)`` pair; ``problems`` (one per pair, optional): see :meth:`grade`."""
+        verdicts = self.verdicts(responses, golds, problems)
+        return [self.correct_reward if ok else self.incorrect_reward for ok in verdicts]
 
-    def verdicts(self, responses: list[str], golds: list[str]) -> list[bool]:
+    def verdicts(self, responses: list[str], golds: list[str], problems: list[str] | None = None) -> list[bool]:
         """Whether each response's final answer equals its gold answer."""
-        return [verdict.correct for verdict in self.grade(responses, golds)]
+        return [verdict.correct for verdict in self.grade(responses, golds, problems)]
 
-    def grade(self, responses: list[str], golds: list[str]) -> list[Verdict]:
-        """One :class:`Verdict` per pair: correctness, status and the conventions a correct verdict relied on."""
+    def grade(self, responses: list[str], golds: list[str], problems: list[str] | None = None) -> list[Verdict]:
+        """One :class:`Verdict` per pair: correctness, status and the conventions a correct verdict relied on.
+
+        ``problems``: the problem text of each pair (the rollout gives them). An answer written as arithmetic that
+        restates its problem (``\\frac{38}{2}`` for "Compute 38/2.") scores 0; other arithmetic is paid by its value
+        (``unsimplified_values``, docs/rewards.md). Without the problems no answer is known to restate one.
+        """
         if len(responses) != len(golds):
             raise ValueError(f"{len(responses)} responses but {len(golds)} golds")
+        if problems is not None and len(problems) != len(responses):
+            raise ValueError(f"{len(problems)} problems for {len(responses)} responses: give one per response")
+        numbers = _numbers_of_problems(problems, len(responses))
         verdicts: list[Verdict] = [Verdict(False)] * len(responses)
         extraction: dict[int, set[str]] = {}  # pair -> conventions its extraction relied on
-        tasks: list[tuple[int, tuple[str, str, str]]] = []
+        tasks: list[tuple[int, Task]] = []
         cheap = AnswerComparer(None, self.settings)
         for i, (response, gold) in enumerate(zip(responses, golds, strict=True)):
             try:
-                verdict = self._quick(response, gold, cheap, i, tasks, extraction)
+                verdict = self._quick(response, gold, numbers[i], cheap, i, tasks, extraction)
             except (Exception, RecursionError):  # noqa: BLE001 - one bad pair scores 0, it never stops the batch
                 verdict = Verdict(False, "error")
             if verdict is not None:
@@ -184,18 +208,20 @@ class MathReward:
         self,
         response: str | bytes,
         gold: str,
+        numbers: frozenset[Fraction] | None,
         cheap: AnswerComparer,
         i: int,
-        tasks: list[tuple[int, tuple[str, str, str]]],
+        tasks: list[tuple[int, Task]],
         extraction: dict[int, set[str]],
     ) -> Verdict | None:
-        """The bounded in-process part of pair ``i``; None when it was queued for a worker (``tasks``)."""
+        """The bounded in-process part of pair ``i`` (``numbers``: those its problem writes, None when unknown);
+        None when it was queued for a worker (``tasks``)."""
         response = response.decode("utf-8", "replace") if isinstance(response, bytes) else str(response)
         gold = str(gold)
         if len(response) > self.max_response_chars:
             return Verdict(False, "too_long")
         if self.backend == "math_verify":
-            tasks.append((i, ("math_verify", gold, response)))
+            tasks.append((i, ("math_verify", gold, response, None)))
             return None
         settings = self.settings
         answer, source = extract_final(
@@ -228,9 +254,10 @@ class MathReward:
             names.add("invisible_characters")
         extraction[i] = names
         try:
-            equal = cheap.equal(gold_answer, answer)
+            equal = cheap.equal(gold_answer, answer, numbers)
         except NeedsSymbolic:
-            tasks.append((i, ("erpo", gold_answer, answer)))
+            sent = None if numbers is None else [str(number) for number in sorted(numbers)]
+            tasks.append((i, ("erpo", gold_answer, answer, sent)))
             return None
         return Verdict(equal, conventions=tuple(sorted(cheap.used)) if equal else ())
 
@@ -241,7 +268,7 @@ class MathReward:
         status: Status = "timeout" if outcome.timed_out else "error" if outcome.crashed else "graded"
         return Verdict(outcome.equal, status, outcome.conventions)
 
-    def _verify(self, tasks: list[tuple[str, str, str]]) -> list[Outcome]:
+    def _verify(self, tasks: list[Task]) -> list[Outcome]:
         if not tasks:
             return []
         if self.num_workers <= 0:
@@ -251,7 +278,7 @@ class MathReward:
             weakref.finalize(self, self._pool.close)
         return self._pool.run(tasks)
 
-    def _verify_in_process(self, task: tuple[str, str, str]) -> Outcome:
+    def _verify_in_process(self, task: Task) -> Outcome:
         from erpo_lightning.rewards.worker import Verifier
 
         if self._in_process is None:
@@ -315,9 +342,10 @@ class MathReward:
 _default: MathReward | None = None
 
 
-def verify_answer(response: str, gold: str) -> bool:
-    """Whether ``response``'s final answer equals ``gold`` (ad-hoc use; shared 1-worker pool, default settings)."""
+def verify_answer(response: str, gold: str, problem: str | None = None) -> bool:
+    """Whether ``response``'s final answer equals ``gold`` (ad-hoc use; shared 1-worker pool, default settings);
+    ``problem``: its problem text, against which a restatement is refused (:meth:`MathReward.grade`)."""
     global _default
     if _default is None:
         _default = MathReward(num_workers=1)
-    return _default.verdicts([response], [gold])[0]
+    return _default.verdicts([response], [gold], None if problem is None else [problem])[0]

@@ -42,6 +42,8 @@ _THOUSANDS_MARKUP: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 _TRAILING = re.compile(r"(?:\s|\.|\\(?![A-Za-z{}()\[\]]))+$")
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])")
+# Groups of three digits set apart by spaces (`1 000`, `10\,080` once `\,` is a space); `1 9` is no such number.
+_SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")
 THOUSANDS_SEPARATOR = re.compile(
     r"\d\s*\{\s*,\s*\}\s*\d{3}|\d,\\!\s*\d|\d\\,\s*\d{3}(?!\d)|(?<![\d.])\d{1,3} \d{3}(?![\d.])|" + _THOUSANDS.pattern
 )
@@ -50,8 +52,17 @@ _TEXT_WRAPPER = re.compile(
     r"\\(?:text|textbf|textit|textnormal|textrm|mathrm|mathbf|mathit|mathcal|mathsf|mbox|rm)"
     r"\s*\{([^{}]*)\}"
 )
-_TEXT_UNIT = re.compile(r"\s*\\(?:text|textnormal|textrm|mathrm|mbox)\s*\{[^{}\d]*\}\s*(?:\^\s*\{?\d\}?)?$")
+_TEXT_UNIT = re.compile(r"\s*\\(?:text|textnormal|textrm|mathrm|mbox)\s*\{([^{}\d]*)\}\s*(?:\^\s*\{?\d\}?)?$")
 _WORD_UNIT = re.compile(r"(?<=[\d}])(?:\s+[A-Za-z]{2,}|\s*[A-Za-z]{3,})(?:\s+[A-Za-z]+)*(?:\^\s*\{?\d\}?)?$")
+_UNIT_WORD = re.compile(r"[A-Za-z']+")
+# Words that make the text after a number a comment on it, not its unit: a retraction ("8 is wrong"), a bound ("8 or
+# more", "8 at most") or a hedge ("8 or maybe 9"). "8 more" (for "how many more") is a count and its word, as before.
+_NOT_UNIT_WORDS = frozenset(
+    "is isn't are aren't was were be been being equals equal seems not no none never nor wrong wrongly incorrect "
+    "false invalid mistake error or and either else otherwise unless except if but maybe perhaps possibly probably "
+    "likely unlikely greater larger bigger smaller higher lower at least most than over under above "
+    "below about around approximately approx roughly nearly almost up to until till plus minus".split()
+)
 _PERCENT = re.compile(r"\s*(?:%|\bpercent(?:age)?\b|\bpct\b)\s*$", re.IGNORECASE)
 _DEGREE = re.compile(r"\s*°\s*$")
 _CHOICE = re.compile(r"\(([A-Z])\)")
@@ -77,7 +88,8 @@ def has_invisible(text: str) -> bool:
 def normalize_answer(text: str, thousands: bool = True) -> str:
     """Remove presentation-only LaTeX from a whole answer; keep its mathematical content.
 
-    ``thousands``: also remove thousands separators (``7,425,000``, ``10{,}080``, ``10,\\!080``).
+    ``thousands``: also remove thousands separators (``7,425,000``, ``10{,}080``, ``10,\\!080``, ``1 000``,
+    ``10\\,080``).
     """
     if thousands:
         for pattern, replacement in _THOUSANDS_MARKUP:
@@ -86,6 +98,7 @@ def normalize_answer(text: str, thousands: bool = True) -> str:
         text = pattern.sub(replacement, text)
     if thousands:
         text = _THOUSANDS.sub(lambda m: m.group().replace(",", ""), text)
+        text = _SPACED_THOUSANDS.sub(lambda m: m.group().replace(" ", ""), text)
     return _TRAILING.sub("", text).strip()
 
 
@@ -112,18 +125,25 @@ def _unwrap_text(text: str) -> str:
     return text
 
 
+def _names_a_unit(text: str) -> bool:
+    """Whether the words after a number (``cm``, ``square meters``, ``dollars``) can be its unit: some words, none of
+    them a retraction, comparison or hedge (``or more``, ``is wrong``, ``at least``)."""
+    words = [word.lower() for word in _UNIT_WORD.findall(text)]
+    return bool(words) and not any(word in _NOT_UNIT_WORDS for word in words)
+
+
 def normalize_leaf(text: str, units: bool = True, choices: bool = True) -> Leaf:
     """Normalize one item: drop percent/degree signs and text wrappers, trailing units when ``units`` and the
     parentheses of a choice letter ``(C)`` when ``choices``."""
     text = text.strip()
     removed_units = False
-    if units:
-        stripped = _TEXT_UNIT.sub("", text).strip()
-        if stripped and stripped != text and not stripped.startswith("\\text"):
+    if units and (unit := _TEXT_UNIT.search(text)) and _names_a_unit(unit.group(1)):
+        stripped = text[: unit.start()].strip()
+        if stripped and not stripped.startswith("\\text"):
             text, removed_units = stripped, True
     text = _unwrap_text(text).strip()
-    if units and (stripped := _WORD_UNIT.sub("", text)) != text:
-        text, removed_units = stripped, True
+    if units and (unit := _WORD_UNIT.search(text)) and _names_a_unit(unit.group()):
+        text, removed_units = text[: unit.start()], True
     percent = bool(_PERCENT.search(text))
     text = _PERCENT.sub("", text)
     degrees = bool(_DEGREE.search(text))

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from erpo_lightning.rewards.conventions import GraderSettings
 
+# What a worker compares: (kind, gold, pred, the numbers the problem writes as text or None when it is unknown).
+Task = tuple[str, str, str, list[str] | None]
 _BOOT_TIMEOUT_S = 120.0
 _WORKER_MODULE = "erpo_lightning.rewards.worker"
 # The folder holding the erpo_lightning package: workers find it even when the caller put it on the import path itself.
@@ -83,7 +85,7 @@ class _Worker:
 
 
 class VerifierPool:
-    """``num_workers`` processes comparing ``(kind, gold, pred)`` tasks, each within ``timeout_s``."""
+    """``num_workers`` processes comparing ``(kind, gold, pred, problem numbers)`` tasks, each within ``timeout_s``."""
 
     def __init__(
         self, num_workers: int, timeout_s: float, settings: GraderSettings | None = None, memory_mb: int = 2048
@@ -112,8 +114,8 @@ class VerifierPool:
             raise RuntimeError(f"a verifier worker (python -m {_WORKER_MODULE}) {why}; its error is printed above")
         self._replace(worker)
 
-    def run(self, tasks: list[tuple[str, str, str]]) -> list[Outcome]:
-        """Run every ``(kind, gold, pred)`` task; an item past its deadline is a timeout."""
+    def run(self, tasks: list[Task]) -> list[Outcome]:
+        """Run every ``(kind, gold, pred, problem numbers)`` task; an item past its deadline is a timeout."""
         results: list[Outcome | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))
         while pending or any(w.task is not None for w in self._workers):

@@ -13,6 +13,10 @@ _ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[^{}]*\}")
 _IS = re.compile(r"\s(?:is|are|equals|=)\s", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?(?:\s*(?:\\?%|percent))?")
 _DECORATION = ' \t\n*"`,;:'
+_HEDGE = re.compile(
+    r"\b(?:unless|otherwise|or|else|except|but|alternatively|instead|maybe|perhaps|possibly)\b",
+    re.IGNORECASE,
+)
 
 
 def sentence_prefix(text: str) -> str:
@@ -67,6 +71,8 @@ def reduce_to_answer(sentence: str, allow_number: bool = True) -> str | None:
         tail = _strip_decoration(text[tails[-1].end() :]) if tails else ""
         if not tail or not _has_value(tail):
             break
+        if _hedges(text[: tails[-1].start()]):
+            return None  # "7 unless it is 19", "7, but maybe it is 19": the value before is still offered
         text = tail
     else:
         return text or None
@@ -76,6 +82,12 @@ def reduce_to_answer(sentence: str, allow_number: bool = True) -> str | None:
         return math
     numbers = _NUMBER.findall(text) if allow_number else []
     return numbers[-1].strip() if numbers else None
+
+
+def _hedges(head: str) -> bool:
+    """Whether the prose before a sentence's last " is " offers a value of its own and then hedges or retracts it
+    ("7 unless it", "7, but maybe it"): the sentence names two values, so it gives no answer."""
+    return bool(_candidates(head)) and _HEDGE.search(_MATH_SPAN.sub(" ", head)) is not None
 
 
 def _candidates(prose: str) -> set[str]:

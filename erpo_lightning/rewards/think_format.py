@@ -8,8 +8,8 @@ then to give the final answer in `\\boxed{}`. `format_status` reads a response a
 2. it holds exactly one `<think>` and exactly one `</think>`: no second block, no nested or stray tag;
 3. nothing but whitespace comes before `<think>`;
 4. the thought between the tags is not empty (whitespace and invisible characters do not count);
-5. an answer follows `</think>`: not empty, and (with `require_boxed`, the default) its last `\\boxed{...}` is
-   complete and not empty.
+5. an answer follows `</think>` and shows something (not only spaces, math delimiters, an empty `\\text{}` or an empty
+   box), and (with `require_boxed`, the default) its last `\\boxed{...}` is complete and shows something too.
 
 When the prompt itself ends with `<think>` (chat templates of reasoning models open the block for the model), the
 response is read as if it began with that tag. Everything here is a linear scan of at most `max_response_chars`
@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Literal, get_args
 
 from erpo_lightning.rewards.extraction import find_boxes
-from erpo_lightning.rewards.normalize import strip_invisible
+from erpo_lightning.rewards.normalize import shows_nothing, strip_invisible
 
 FormatStatus = Literal[
     "well_formed",
@@ -38,10 +38,18 @@ FormatStatus = Literal[
 ]
 OPEN_TAG, CLOSE_TAG = "<think>", "</think>"
 MAX_RESPONSE_CHARS = 200_000
+MAX_MARKUP_CHARS = 1_000
 
 
 def _empty(text: str) -> bool:
     return not strip_invisible(text).strip()
+
+
+def _shows_nothing(text: str) -> bool:
+    """Whether an answer shows nothing though it is not blank (`\\boxed{}`, `\\text{ }`, `$ $`), judged on answers of
+    at most `MAX_MARKUP_CHARS` characters: the markup is stripped by regular expressions, which a long run of spaces and
+    dots would make slow; a longer answer that is not blank counts as showing something."""
+    return len(text) <= MAX_MARKUP_CHARS and shows_nothing(text)
 
 
 def opens_think(prompt: object) -> bool:
@@ -86,8 +94,10 @@ def format_status(
         return "no_answer"
     if require_boxed:
         boxes = find_boxes(answer)
-        if not boxes or boxes[-1][2] is None or _empty(boxes[-1][2]):
+        if not boxes or boxes[-1][2] is None or _shows_nothing(boxes[-1][2]):
             return "no_boxed_answer"
+    elif _shows_nothing(answer):
+        return "no_answer"  # `\\boxed{}`, `$ $`: an answer that shows nothing, though not blank
     return "well_formed"
 
 
@@ -99,7 +109,7 @@ class ThinkFormatReward:
 
     Args:
         require_boxed: the answer after `</think>` must end in a complete, non-empty `\\boxed{...}` (the template
-            asks for it); False accepts any non-empty answer.
+            asks for it); False accepts any answer that shows something.
         max_response_chars: a longer response scores 0 unread (counted in `too_long`).
 
     `counters()` returns `items`, `well_formed` and one count per rule broken (`no_think`, `several_tags`, ...)

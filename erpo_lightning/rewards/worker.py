@@ -6,7 +6,8 @@ and writes outcomes to its original stdout (its ``print``s go to stderr), one JS
 :class:`multiprocessing.connection.Connection`:
 
 - ``"ready"`` once sympy and the LaTeX grammar are loaded;
-- task ``[kind, gold, pred]`` -> ``[equal, parse_failures, conventions, crashed]``; ``null`` stops the worker.
+- task ``[kind, gold, pred, problem_numbers]`` -> ``[equal, parse_failures, conventions, crashed]``; ``null`` stops
+  the worker.
 
 ``kind`` is ``"erpo"`` (this package's comparison of two extracted answers, the symbolic step) or ``"math_verify"``
 (Math-Verify's own ``parse`` + ``verify`` of a gold and a whole response).
@@ -18,6 +19,7 @@ import json
 import os
 import re
 import sys
+from fractions import Fraction
 from multiprocessing.connection import Connection
 
 from erpo_lightning.rewards.conventions import GraderSettings
@@ -40,13 +42,19 @@ class Verifier:
         self.run("erpo", "x+1", "\\frac{x^2-1}{x-1}")
         self.run("math_verify", "1", "\\boxed{1}")
 
-    def run(self, kind: str, gold: str, pred: str) -> tuple[bool, int, list[str], bool]:
-        """``(equal, parse_failures, conventions used, crashed)``; any failure scores 0 and never propagates."""
+    def run(
+        self, kind: str, gold: str, pred: str, problem_numbers: list[str] | None = None
+    ) -> tuple[bool, int, list[str], bool]:
+        """``(equal, parse_failures, conventions used, crashed)``; any failure scores 0 and never propagates.
+
+        ``problem_numbers``: the numbers the problem writes, as exact fractions in text (``"19"``, ``"5/2"``), or None
+        when the problem is unknown (see ``AnswerComparer.equal``)."""
         self.backend.parse_failures = 0
         try:
             if kind == "math_verify":
                 return math_verify_equal(gold, pred), 0, [], False
-            equal = self.comparer.equal(gold, pred)
+            numbers = None if problem_numbers is None else frozenset(map(Fraction, problem_numbers))
+            equal = self.comparer.equal(gold, pred, numbers)
             return equal, self.backend.parse_failures, sorted(self.comparer.used) if equal else [], False
         except (Exception, RecursionError):  # noqa: BLE001 - a bad input scores 0, it never kills the worker
             return False, self.backend.parse_failures, [], True
