@@ -17,7 +17,7 @@ from erpo_lightning.data.cache import (
     CacheBuildInProgress,
     ReferenceLogprobCache,
     build_lock_path,
-    check_writable,
+    lock_cache_build,
     release_cache_build,
     write_cache,
 )
@@ -46,11 +46,11 @@ def test_a_second_build_is_refused_naming_the_builder_and_writing_the_cache_free
     directory.mkdir()
     other = try_lock(directory)
     with pytest.raises(CacheBuildInProgress, match=r"another erpo process \(pid 4242 on builder-host\) is building"):
-        check_writable(directory, directory / "partial" / "chunks")
+        lock_cache_build(directory)
     unlock(other)
 
-    check_writable(directory, directory / "partial" / "chunks")  # free: this process builds
-    check_writable(directory)  # it holds the lock already: checking again keeps it
+    lock_cache_build(directory)  # free: this process builds
+    lock_cache_build(directory)  # it holds the lock already: asking again keeps it
     assert try_lock(directory) is None  # a second builder is kept out meanwhile
     assert build_lock_path(directory).read_text().split()[0] == str(os.getpid())
     cache = ReferenceLogprobCache.from_rows([torch.zeros(3), torch.zeros(2)])

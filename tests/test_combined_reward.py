@@ -270,3 +270,19 @@ def test_hostile_responses_never_raise_and_each_scores_quickly():
 def test_docs_examples_of_the_combined_and_think_format_rewards_run_as_written():
     for name in ("combined-reward", "think-format"):
         exec(compile(example("rewards.md", name), f"docs/rewards.md:{name}", "exec"), {})
+
+
+def test_completions_grade_a_restating_answer_as_the_training_reward_paid_it():
+    """completions.jsonl's `correct` comes from `grade` given the rows' problems, as the rollout's reward is: an
+    answer that restates its problem's arithmetic is not `correct` there while the reward paid it 0."""
+    reward = MathReward()
+    restating, problem = "\\boxed{\\frac{38}{2}}", "Compute 38/2."
+    assert reward([restating], ["19"], problems=[problem]) == [0.0]
+    assert verdicts_of(reward, [restating], ["19"], [problem])[0]["correct"] is False
+    assert verdicts_of(reward, [restating], ["19"])[0]["correct"] is True  # no problem text: paid by its value
+
+    def grade_without_problems(responses, golds):  # a user's grade() that takes no problems still works
+        return reward.grade(responses, golds)
+
+    holder = type("Custom", (), {"grade": staticmethod(grade_without_problems)})()
+    assert verdicts_of(holder, [restating], ["19"], [problem])[0]["correct"] is True

@@ -17,6 +17,7 @@ it with its defaults; list `erpo_lightning.callbacks.SampledCompletions` in `tra
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,8 @@ class SampledCompletions(pl.Callback):
             response_ids = rollout.input_ids[row, width:][rollout.attention_mask[row, width:].bool()]
             prompts.append(sampler.tokenizer.decode(prompt_ids.tolist()))
             responses.append(sampler.tokenizer.decode(response_ids.tolist(), skip_special_tokens=True))
-        golds = gold_answers(trainer, batch, [int(rollout.query_index[row]) for row in picked])
-        verdicts = verdicts_of(sampler.reward, responses, golds)
+        golds, problems = golds_and_problems(trainer, batch, [int(rollout.query_index[row]) for row in picked])
+        verdicts = verdicts_of(sampler.reward, responses, golds, problems)
         return [
             {
                 "step": step,
@@ -129,30 +130,52 @@ def pick_rows(rollout: RolloutBatch, max_rows: int) -> list[int]:
     return order[:max_rows]
 
 
-def gold_answers(trainer: pl.Trainer, batch: QueryBatch, query_indices: list[int]) -> list[str | None]:
-    """The gold answer of each dataset row in `query_indices`: from the step's batch, else (a dynamic-sampling refill)
-    from the training loader, as the refill drew it; None when neither has it."""
-    known = {int(index): answer for index, answer in zip(batch.query_index.tolist(), batch.answers, strict=True)}
+def golds_and_problems(
+    trainer: pl.Trainer, batch: QueryBatch, query_indices: list[int]
+) -> tuple[list[str | None], list[str] | None]:
+    """The gold answer of each dataset row in `query_indices`, and its problem text (None when the source gives
+    none): from the step's batch, else (a dynamic-sampling refill) from the training loader, as the refill drew it;
+    a gold is None when neither has it."""
+    problems = batch.problems or [None] * len(batch.answers)
+    known = {
+        int(index): (answer, problem)
+        for index, answer, problem in zip(batch.query_index.tolist(), batch.answers, problems, strict=True)
+    }
     loader = trainer.train_dataloader
     for index in set(query_indices) - known.keys():
         try:
-            known[index] = loader.collate_fn([loader.dataset[index]]).answers[0]
+            drawn = loader.collate_fn([loader.dataset[index]])
         except (AttributeError, IndexError, TypeError):  # not a QueryDataModule loader
-            pass
-    return [known.get(index) for index in query_indices]
+            continue
+        known[index] = (drawn.answers[0], drawn.problems[0] if drawn.problems else None)
+    golds = [known.get(index, (None, None))[0] for index in query_indices]
+    found = [known.get(index, (None, None))[1] for index in query_indices]
+    return golds, None if any(problem is None for problem in found) else found
 
 
-def verdicts_of(reward: Any, responses: list[str], golds: list[str | None]) -> list[dict[str, Any]]:
-    """`correct`, `grader_status` and `conventions` of each pair from `reward.grade` (MathReward's); None values for
-    a reward without `grade`, or a pair without a gold answer."""
+def verdicts_of(
+    reward: Any, responses: list[str], golds: list[str | None], problems: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """`correct`, `grader_status` and `conventions` of each pair from `reward.grade` (MathReward's), given the
+    problems as the training reward is (so an answer that restates its problem is graded as it was paid); None values
+    for a reward without `grade`, or a pair without a gold answer."""
     empty = {"correct": None, "grader_status": None, "conventions": None}
     grade = getattr(reward, "grade", None)
     if grade is None or any(gold is None for gold in golds):
         return [dict(empty) for _ in responses]
     return [
         {"correct": bool(v.correct), "grader_status": v.status, "conventions": list(v.conventions)}
-        for v in grade(responses, golds)
+        for v in grade(responses, golds, **({} if problems is None else takes_problems(grade, problems)))
     ]
+
+
+def takes_problems(grade: Any, problems: list[str]) -> dict[str, list[str]]:
+    """`{"problems": problems}` when `grade` accepts that keyword (MathReward's does; a user's may not)."""
+    try:
+        accepted = "problems" in inspect.signature(grade).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a readable signature
+        accepted = False
+    return {"problems": problems} if accepted else {}
 
 
 def log_table(logger: Any, rows: list[dict[str, Any]], step: int) -> None:

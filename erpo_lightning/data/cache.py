@@ -328,13 +328,10 @@ def release_cache_build(directory: str | Path) -> None:
 
 def check_writable(*folders: Path) -> None:
     """Create each folder (parents too) and a file in it, then remove the file: a read-only folder or file system is
-    refused before any score is computed. Then take the build lock of the first folder, the cache folder
-    (`lock_cache_build`): this is called right before a build, so a second build of the same folder is refused
-    before its model loads.
+    refused before any score is computed.
 
     Raises:
-        CacheWriteError naming the first folder that cannot be written; CacheBuildInProgress when another process
-        is building the cache in the first folder.
+        CacheWriteError naming the first folder that cannot be written.
     """
     for folder in folders:
         try:
@@ -344,8 +341,6 @@ def check_writable(*folders: Path) -> None:
             os.unlink(probe)
         except OSError as error:
             raise CacheWriteError(folder, error, "cannot write in this cache folder") from error
-    if folders:
-        lock_cache_build(folders[0])
 
 
 def write_cache(directory: str | Path, cache: ReferenceLogprobCache, manifest: dict, fingerprint: str) -> Path:

@@ -32,6 +32,7 @@ from erpo_lightning.data.cache import (
     CacheCorruptError,
     ReferenceLogprobCache,
     check_writable,
+    lock_cache_build,
     read_manifest,
     remove_stale_temporaries,
     write_cache,
@@ -365,6 +366,7 @@ class QueryDataModule(LightningDataModule):
             return replace(cache, layout=self.scoring_layout())
 
         check_writable(directory, chunk_dir)  # a read-only folder is refused before the model loads
+        lock_cache_build(directory)  # and so is a second process building this folder's cache meanwhile
         with StopOnSignals(chunk_dir) as stop:  # SIGTERM / SIGUSR1: finished chunks kept, nothing partial
             model = self._reference_engine(world_size, strategy, dtype)
             policy = policy_compute_dtype(module, strategy)
