@@ -271,3 +271,16 @@ def test_a_damaged_partial_chunk_is_recomputed_not_fatal(tiny_model_path, tmp_pa
     chunk.write_bytes(chunk.read_bytes()[:100])
     again = compute_reference_logprobs(model, prompts, chunk_dir=tmp_path / "chunks", settings=settings, progress=False)
     assert same_scores(again, first) and chunk.stat().st_size > 100  # scored and written again
+
+
+def test_a_flipped_byte_inside_the_scores_is_refused_and_rebuilt(tiny_model_path, built):
+    """One byte of the tensors' data changed (the file still parses, its header and row count still agree): the
+    sha256 written with the scores no longer matches, so fit refuses the file and `erpo cache` rebuilds it."""
+    directory, scores = built[0], built[1].cache
+    path = directory / SCORES_FILE
+    data = bytearray(path.read_bytes())
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    position = header_end + (len(data) - header_end) // 2  # inside the tensors' bytes, past the JSON header
+    data[position] ^= 0x01
+    path.write_bytes(bytes(data))
+    refused_then_rebuilt(tiny_model_path, directory, scores, "differ from the sha256 written with them")

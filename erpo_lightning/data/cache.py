@@ -1,17 +1,18 @@
 """The frozen-reference query score cache: per-token log-probs of every training query under the initial policy θ0.
 
 Stored as one safetensors file plus a JSON manifest (what it was computed from, see `fingerprint.py`). The scores
-file carries the manifest's fingerprint and its row count in its own metadata, so a scores file copied from another
-cache, cut short or damaged is refused on load (`CacheCorruptError`, naming the file and how to rebuild it) instead
-of training against the wrong numbers. One process at a time builds the cache of a folder: a second `erpo cache`
-(or `erpo fit`) that would build it meanwhile is refused before its model loads, naming the builder
-(`lock_cache_build`). The trainer reads the scores through `ReferenceLogprobCache.padded`, which lines the cached
-values up with left-padded prompt tokens.
+file carries the manifest's fingerprint, its row count and the sha256 of its tensors in its own metadata, so a scores
+file copied from another cache, cut short or damaged (a single flipped byte included) is refused on load
+(`CacheCorruptError`, naming the file and how to rebuild it) instead of training against the wrong numbers. One
+process at a time builds the cache of a folder: a second `erpo cache` (or `erpo fit`) that would build it meanwhile
+is refused before its model loads, naming the builder (`lock_cache_build`). The trainer reads the scores through
+`ReferenceLogprobCache.padded`, which lines the cached values up with left-padded prompt tokens.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -115,6 +116,7 @@ class ReferenceLogprobCache:
         """Write the scores with `metadata` (text key/values, e.g. the manifest's fingerprint) in the file header."""
         tensors = {name: getattr(self, name).contiguous().cpu() for name in TENSORS}
         meta = {"num_queries": str(len(self)), "num_prompt_tokens": str(self.logprobs.numel()), **(metadata or {})}
+        meta["sha256"] = content_sha256(tensors)
         atomic_save_file(tensors, Path(path), meta)
 
     @classmethod
@@ -157,6 +159,9 @@ class ReferenceLogprobCache:
     def _inconsistency(self, metadata: dict[str, str]) -> str | None:
         """What makes the tensors disagree with each other or with the row count in `metadata`, or None."""
         offsets, rows = self.offsets, self.nll.numel()
+        stored = metadata.get("sha256")  # absent from files written before it was recorded: nothing to compare
+        if stored is not None and stored != content_sha256({name: getattr(self, name) for name in TENSORS}):
+            return "its tensors' bytes differ from the sha256 written with them (a flipped or overwritten byte)"
         if offsets.dim() != 1 or offsets.numel() != rows + 1 or self.num_tokens.numel() != rows:
             return f"{rows} NLLs, {self.num_tokens.numel()} token counts and {offsets.numel()} offsets do not agree"
         if metadata.get("num_queries") != str(rows):
@@ -217,6 +222,16 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:  # Ctrl-C mid-write: no hidden file either
         tmp.unlink(missing_ok=True)
         raise
+
+
+def content_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 (hex) of the tensors' names, dtypes, shapes and bytes, in `TENSORS` order."""
+    digest = hashlib.sha256()
+    for name in TENSORS:
+        tensor = tensors[name].detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
 
 
 def atomic_save_file(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
