@@ -18,9 +18,14 @@ real-model: env
 smollm2-arith: env
 	.venv/bin/erpo fit --config configs/smollm2_arith.yaml --model.model_path "$$(.venv/bin/python -m erpo_lightning.real_model)"
 
+# Test workers (pytest-xdist): the suite's subprocesses spend much of their time in single-threaded imports, so two
+# workers keep both cores of a 2-core machine busy. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 # What CI runs: everything but the `heavy` real-model runs (each 10+ minutes on 2 CPU cores); prints the 25 slowest.
 test: env
-	.venv/bin/python -m pytest -q tests -m "not heavy" --durations=25
+	.venv/bin/python -m pytest -q tests -m "not heavy" $(XDIST) --durations=25
 
 # The real 135M model trained with vLLM end to end, fp32 and bf16 (tests/test_real_model.py).
 test-heavy: env
@@ -28,7 +33,7 @@ test-heavy: env
 
 # The edit-run loop: everything but the vLLM, multi-process and end-to-end tests (markers in pyproject.toml).
 test-fast: env
-	.venv/bin/python -m pytest -q tests -m "not slow and not vllm and not distributed"
+	.venv/bin/python -m pytest -q tests -m "not slow and not vllm and not distributed" $(XDIST)
 
 lint: env
 	.venv/bin/ruff check .

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny Qwen2 model built locally (no hub), the packaged benchmark files, and one healthy toy run."""
+"""Shared fixtures: a tiny Qwen2 model built locally (no hub), the packaged benchmark files, and one healthy toy run;
+and how `make test` splits the suite between its two pytest-xdist workers (`pytest_collection_modifyitems`)."""
 
 from pathlib import Path
 
@@ -32,3 +33,21 @@ def healthy_toy_run(tmp_path_factory):
     from helpers.healthy_run import run_healthy
 
     return run_healthy(tmp_path_factory.mktemp("healthy_toy_run"))
+
+
+# Files with a test that starts a vLLM engine or several processes over gloo: they run one after another on one
+# worker, never beside each other (their engines and ranks each want both cores, and their memory), while the other
+# worker takes the in-process and single-`erpo` tests.
+PROCESS_MARKERS = ("vllm", "distributed")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the workers' test ids
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`), keep each test file on one worker, so its module-scoped fixtures (a
+    trained run, a started engine) are built once; and the files of PROCESS_MARKERS all on the same worker."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    process_files = {item.path for item in items if any(item.get_closest_marker(m) for m in PROCESS_MARKERS)}
+    for item in items:
+        group = "processes" if item.path in process_files else item.path.stem
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -17,7 +17,11 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).parents[1] / "scaleout_run.py"
-METRIC_TOLERANCE = dict(abs=2e-6, rel=2e-6)
+# The ranks' all-reduce sums in another order than one process, so logged metrics differ in float32 rounding, and the
+# differences grow over the optimizer steps: the grad norm of the third step differed by 1e-6 relative on one 2-core
+# machine and by more than 2e-6 on another. 2e-5 is 10x that and still far below what a wrong normaliser or a rank
+# sampling other tokens would move (percents).
+METRIC_TOLERANCE = dict(abs=2e-6, rel=2e-5)
 RUN_TIMEOUT_S = 120
 WEIGHT_TOLERANCE = 2e-5  # after 6 AdamW steps at lr 1e-3; weights move by ~5e-3
 
