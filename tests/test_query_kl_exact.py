@@ -106,8 +106,9 @@ def zero_signal_run(
     tmp_path, algorithm: str, steps: int = 10, dtype: str = "float32", data: dict | None = None, **model
 ) -> pd.DataFrame:
     """`erpo fit` of the shipped toy model whose responses are cut at 16 tokens, before any can hold an answer: every
-    reward is 0, every group has zero variance, so nothing but the regulariser can move the policy."""
-    train = [{"path": str(SHIPPED_DIR / "train.jsonl"), "label": "toy_train"}]
+    reward is 0, every group has zero variance, so nothing but the regulariser can move the policy. The first
+    `8 * steps` training rows are all the run draws: its reference cache scores those, not the whole file."""
+    train = [{"path": str(SHIPPED_DIR / "train.jsonl"), "label": "toy_train", "limit": 8 * steps}]
     config = fit_config(
         SHIPPED_DIR, train, tmp_path,
         trainer={"max_steps": steps, "logger": csv_logger(tmp_path / "logs"), "enable_checkpointing": False,
