@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import datasets
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -38,7 +39,7 @@ from erpo_lightning.data.cache import (
     write_cache,
 )
 from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fingerprint_digest
-from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat, prepare_queries
+from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat, check_golds, prepare_queries
 from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import (
     Gather,
@@ -80,6 +81,26 @@ def check_data_settings(settings: Mapping[str, Any]) -> None:
     `data:` group before anything is built); a name missing from it is not checked.
     """
     check_rules("data", settings, _SETTING_RULES)
+
+
+def training_reward(trainer) -> object | None:
+    """The reward of the trainer's rollout callback (the callback with a `sampler` holding one), or None."""
+    for callback in getattr(trainer, "callbacks", None) or ():
+        reward = getattr(getattr(callback, "sampler", None), "reward", None)
+        if reward is not None:
+            return reward
+    return None
+
+
+def in_memory_note(source: object) -> object:
+    """A source as the saved hyperparameters hold it: an in-memory dataset is described, not stored (checkpoints
+    would otherwise pickle the whole table)."""
+    dataset = source if isinstance(source, datasets.Dataset) else getattr(source, "dataset", None)
+    if isinstance(source, dict):
+        dataset = source.get("dataset")
+    if not isinstance(dataset, datasets.Dataset):
+        return source
+    return f"in-memory datasets.Dataset ({dataset.num_rows} rows, fingerprint {dataset._fingerprint})"
 
 
 @rank_zero_only
@@ -169,6 +190,8 @@ class QueryDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if train:
+            self.hparams["train"] = [in_memory_note(source) for source in train]
         check_data_settings(self.hparams)
         self.model_path = model_path
         self.sources = list(train or [])
@@ -218,6 +241,8 @@ class QueryDataModule(LightningDataModule):
         if building:
             self.reference_dtype(module, strategy)  # a dtype conflict fails before the data is read
         self.prepare_queries()
+        if fitting:  # a reward that needs golds meets data without them before the reference model loads
+            check_golds(self.data, training_reward(trainer))
         if building:
             self.attach_cache(self.build_or_load_cache(strategy=strategy, module=module))
         if fitting:  # made for this fit's module, also when the cache was set up before it
@@ -253,7 +278,11 @@ class QueryDataModule(LightningDataModule):
         num_queries = len(self.prepare_queries().queries)
         trainer = self.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        sampler = QueryBatchSampler(num_queries, self.batch_size, self.shuffle, self.seed, True, rank, world_size)
+        data = self.prepare_queries()
+        sampler = QueryBatchSampler(
+            num_queries, self.batch_size, self.shuffle, self.seed, True, rank, world_size,
+            sources=data.source_index, weights=data.source_weights,
+        )  # fmt: skip
         if self._resume_position is not None:
             sampler.load_state_dict(self._resume_position)
             self._resume_position = None

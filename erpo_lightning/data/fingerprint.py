@@ -84,8 +84,9 @@ def _json_hash(value: object) -> str:
 
 
 def dataset_fingerprint(queries: Sequence[Query]) -> str:
-    """Hash of the training set in order: ids, problems and answers of the kept queries."""
-    return _json_hash([[q.query_id, q.problem, q.answer] for q in queries])
+    """Hash of the training set in order: ids, problems and answers of the kept queries, and the turns of
+    conversational ones (a text query's entry is as it was before conversations, so existing caches still match)."""
+    return _json_hash([[q.query_id, q.problem, q.answer, *([list(q.messages)] if q.messages else [])] for q in queries])
 
 
 def build_manifest(

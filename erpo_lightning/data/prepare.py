@@ -14,7 +14,7 @@ from typing import Literal
 from transformers import PreTrainedTokenizerBase
 
 from erpo_lightning.data.sources import DataError, Query, SourceSpec, describe, load_queries, resolve_spec
-from erpo_lightning.data.templates import PromptTemplate, tokenize_prompts
+from erpo_lightning.data.templates import PromptTemplate, tokenize_queries
 
 Overlong = Literal["drop", "error"]
 
@@ -40,7 +40,9 @@ class PromptFormat:
 @dataclass
 class PreparedQueries:
     """The training set. `queries[i]` and `prompt_ids[i]` are row i of the dataset and of the reference cache;
-    `columns` names the extra data columns every query carries (`SourceSpec.columns`, the same for every source)."""
+    `columns` names the extra data columns every query carries (`SourceSpec.columns`, the same for every source);
+    `source_index[i]` is the position in `data.train` of query i's source, `source_names` describes each source, and
+    `source_weights` are the sources' mixing weights (None when none is given)."""
 
     queries: list[Query]
     prompt_ids: list[list[int]]
@@ -49,6 +51,9 @@ class PreparedQueries:
     dropped_overlong: int = 0
     longest_dropped: int = 0
     columns: tuple[str, ...] = ()
+    source_index: list[int] = field(default_factory=list)
+    source_weights: list[float] | None = None
+    source_names: list[str] = field(default_factory=list)
 
     def problems(self, rows: Sequence[int]) -> list[str]:
         """The problem texts of dataset rows `rows`, in order."""
@@ -113,6 +118,54 @@ def carried_columns(specs: Sequence[SourceSpec]) -> tuple[str, ...]:
     return first
 
 
+def mixing_weights(specs: Sequence[SourceSpec]) -> list[float] | None:
+    """The sources' mixing weights (`SourceSpec.weight`), or None when no source has one.
+
+    Raises:
+        DataError naming a source without a weight when another has one: a weight is a share of the stream, so every
+        source needs one.
+    """
+    given = [spec.weight for spec in specs]
+    if all(weight is None for weight in given):
+        return None
+    for spec, weight in zip(specs, given, strict=True):
+        if weight is None:
+            raise DataError(
+                f"the source {describe(spec)} has no weight, but another source of data.train has one: give every "
+                "source a weight (its share of the training stream), or none"
+            )
+    return [float(weight) for weight in given]
+
+
+def reward_needs_golds(reward: object) -> str | None:
+    """The name of the reward that grades against gold answers: `reward` itself, or for a `CombinedReward` its first
+    such component (`CombinedReward component 'exact' (module.function)`); None when it takes no gold. A reward
+    takes none when it declares `uses_golds = False`, as format-only and judge rewards do."""
+    from erpo_lightning.rewards.combined import CombinedReward
+    from erpo_lightning.rewards.protocol import reward_name
+
+    if isinstance(reward, CombinedReward):
+        for name, component in zip(reward.names, reward.rewards, strict=True):
+            if reward_needs_golds(component) is not None:
+                return f"CombinedReward component {name!r} ({reward_name(component)})"
+        return None
+    return reward_name(reward) if getattr(reward, "uses_golds", True) else None
+
+
+def check_golds(data: PreparedQueries, reward: object) -> None:
+    """DataError when the training set has queries without a gold answer (`answer_field: null`) and `reward` needs
+    golds (`reward_needs_golds`), naming the reward and the first such source."""
+    missing = next((query for query in data.queries if query.answer is None), None)
+    needing = None if missing is None or reward is None else reward_needs_golds(reward)
+    if needing is None:
+        return
+    raise DataError(
+        f"the reward {needing} grades against gold answers, but the source {missing.source} has none "
+        "(answer_field: null): set its answer_field to the gold column, or use a reward that takes no gold (one "
+        "that declares uses_golds = False, e.g. a format-only or judge reward)"
+    )
+
+
 def prepare_queries(
     sources: Sequence[SourceSpec | dict],
     tokenizer: PreTrainedTokenizerBase,
@@ -128,17 +181,20 @@ def prepare_queries(
         raise DataError("no training sources configured (data.train is empty)")
     specs = [resolve_spec(spec) for spec in sources]  # every source's settings are checked before any is read
     columns = carried_columns(specs)
+    weights = mixing_weights(specs)
     queries: list[Query] = []
     per_source: dict[str, int] = {}
     skipped: Counter = Counter()
-    for spec in specs:
+    origin: dict[int, int] = {}  # id(query) -> position of its source in `specs`
+    for position, spec in enumerate(specs):
         loaded, source_skipped = load_queries(spec, skip_invalid)
         queries.extend(loaded)
+        origin.update((id(query), position) for query in loaded)
         skipped.update(source_skipped)
         if loaded:
             per_source[loaded[0].source] = per_source.get(loaded[0].source, 0) + len(loaded)
     queries = _drop_cross_source_duplicates(queries, skip_invalid, skipped)
-    prompt_ids = tokenize_prompts(template, [q.problem for q in queries], tokenizer)
+    prompt_ids = tokenize_queries(template, queries, tokenizer)
 
     too_long = [i for i, ids in enumerate(prompt_ids) if len(ids) > max_prompt_length]
     if too_long and overlong == "error":
@@ -152,15 +208,26 @@ def prepare_queries(
             "Raise max_prompt_length, or set overlong: drop to leave them out (they are counted and reported)."
         )
     keep = set(range(len(queries))) - set(too_long)
+    kept = [q for i, q in enumerate(queries) if i in keep]
     prepared = PreparedQueries(
-        queries=[q for i, q in enumerate(queries) if i in keep],
+        queries=kept,
         prompt_ids=[ids for i, ids in enumerate(prompt_ids) if i in keep],
         per_source=per_source,
         skipped=skipped,
         dropped_overlong=len(too_long),
         longest_dropped=max((len(prompt_ids[i]) for i in too_long), default=0),
         columns=columns,
+        source_index=[origin[id(query)] for query in kept],
+        source_weights=weights,
+        source_names=[describe(spec) for spec in specs],
     )
     if not prepared.queries:
         raise DataError(f"no training queries left: {prepared.summary(max_prompt_length)}")
+    if weights is not None:
+        for position, name in enumerate(prepared.source_names):
+            if position not in prepared.source_index:
+                raise DataError(
+                    f"the source {name} has weight {weights[position]} but no training query left "
+                    f"({prepared.summary(max_prompt_length)}): remove it from data.train or fix its rows"
+                )
     return prepared

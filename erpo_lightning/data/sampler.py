@@ -35,6 +35,11 @@ class QueryBatchSampler(Sampler[list[int]]):
         drop_last: drop the last incomplete global batch of an epoch (kept when the dataset is smaller than one
             batch); its queries remain for refills.
         rank, world_size: this process's place among the ranks.
+        sources, weights: mixing across training sources (`SourceSpec.weight`): `sources[i]` is the source of query i
+            and `weights[s]` source s's weight. Each position of an epoch's order (still `num_queries` long) then
+            draws its source with probability weights[s] / sum(weights) and takes that source's next query, each
+            source cycling through its own permutations (`mixed_order`); all drawn from `seed + epoch`, so the
+            stream, and its resume, are those of an unweighted one. None: every query once per epoch.
     """
 
     def __init__(
@@ -46,9 +51,20 @@ class QueryBatchSampler(Sampler[list[int]]):
         drop_last: bool = True,
         rank: int = 0,
         world_size: int = 1,
+        sources: list[int] | None = None,
+        weights: list[float] | None = None,
     ) -> None:
         if num_queries < 1:
             raise ValueError("no training queries to sample from")
+        self.weights = None if weights is None else [float(weight) for weight in weights]
+        self.members: list[torch.Tensor] = []  # the queries of each source, when mixing
+        if self.weights is not None:
+            origin = torch.as_tensor(sources, dtype=torch.long)
+            if len(origin) != num_queries:
+                raise ValueError(f"sources names {len(origin)} queries' sources, there are {num_queries} queries")
+            self.members = [torch.nonzero(origin == s).flatten() for s in range(len(self.weights))]
+            if any(len(members) == 0 for members in self.members) or min(self.weights) <= 0:
+                raise ValueError("every mixed source needs a positive weight and at least one query")
         self.num_queries, self.batch_size, self.shuffle, self.seed = num_queries, batch_size, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.global_batch = batch_size * world_size
@@ -75,9 +91,24 @@ class QueryBatchSampler(Sampler[list[int]]):
 
     def order(self, epoch: int) -> torch.Tensor:
         """The visiting order of epoch `epoch`: [num_queries] indices."""
+        if self.weights is not None:
+            return self.mixed_order(epoch)
         if not self.shuffle:
             return torch.arange(self.num_queries)
         return torch.randperm(self.num_queries, generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def mixed_order(self, epoch: int) -> torch.Tensor:
+        """Epoch `epoch`'s order when mixing sources: each of its `num_queries` positions draws a source by weight,
+        then takes that source's next query (the source's queries in a fresh permutation each time it runs out)."""
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        picks = torch.multinomial(torch.tensor(self.weights), self.num_queries, True, generator=generator)
+        order = torch.empty(self.num_queries, dtype=torch.long)
+        for source, members in enumerate(self.members):
+            slots = torch.nonzero(picks == source).flatten()
+            rounds = -(-len(slots) // len(members))
+            cycle = [members[torch.randperm(len(members), generator=generator)] for _ in range(rounds)]
+            order[slots] = torch.cat(cycle)[: len(slots)] if cycle else members[:0]
+        return order
 
     @property
     def sampler(self) -> QueryBatchSampler:
@@ -148,6 +179,7 @@ class QueryBatchSampler(Sampler[list[int]]):
             "pending": [list(batch) for batch in untrained],
             "num_queries": self.num_queries,
             "seed": self.seed,
+            "weights": self.weights,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -165,6 +197,11 @@ class QueryBatchSampler(Sampler[list[int]]):
             raise ValueError(
                 f"the checkpoint's query stream was shuffled with data.seed {state['seed']}, this run's is {self.seed}:"
                 " resume with the data configuration the run started with"
+            )
+        if state.get("weights", self.weights) != self.weights:
+            raise ValueError(
+                f"the checkpoint's query stream mixed its sources with weights {state['weights']}, this run's are "
+                f"{self.weights}: resume with the data configuration the run started with"
             )
         self._trained_before = state["batches_done"]
         self.epoch = state["epoch"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import keyword
 import re
 from collections import Counter
@@ -41,7 +42,11 @@ class SourceSpec:
         path: a local `.jsonl` / `.json` / `.parquet` / `.csv` file.
         hub_id: a Hugging Face Hub dataset id, with optional `config`, `split` (default "train") and `data_files`
             (a file inside the dataset repository).
-        problem_field, answer_field: column names (default "problem", "answer").
+        problem_field: the problem's column (default "problem"). A cell holding a list of {role, content} turns
+            (a TRL-style `messages` or conversational `prompt` column) is a conversation, rendered with the
+            tokenizer's chat template as given; its problem text (the reward's `problems`) is its last user turn.
+        answer_field: the gold answer's column (default "answer"); None for data without golds, for rewards that
+            take none (a reward that needs golds is refused on such data: `reward_needs_golds`).
         id_field: column holding a stable id; None uses "id" when the column exists, else a hash of the problem.
         answer_transform: "first" (take element 0 of a list answer) or "after_hash" (text after the last
             "####", GSM8K style); None keeps the answer as is.
@@ -54,6 +59,9 @@ class SourceSpec:
             Python identifiers other than responses, golds, prompts and problems; a row without a value (absent
             or null) in one is a bad row. Not part of the reference cache's fingerprint: they do not change the
             queries.
+        weight: this source's share of the training stream when several are mixed (OpenRLHF's `prompt_data_probs`):
+            each drawn query comes from source s with probability weight_s / sum of weights (`sampler.py`). Give
+            every source of `data.train` a weight, or none.
     """
 
     name: str | None = None
@@ -63,13 +71,25 @@ class SourceSpec:
     split: str | None = None
     data_files: str | None = None
     problem_field: str | None = None
-    answer_field: str | None = None
+    answer_field: str | None = "answer"
     id_field: str | None = None
     answer_transform: str | None = None
     limit: int | None = None
     label: str | None = None
     hub: bool = False
     columns: list[str] | None = None
+    weight: float | None = None
+
+
+@dataclass
+class DatasetSource(SourceSpec):
+    """A source held in memory (Python API only): a `datasets.Dataset`, with the field map of any source.
+
+    `QueryDataModule(train=[dataset])` wraps a bare Dataset in one; give `DatasetSource(dataset=..., problem_field=...,
+    label=...)` (or a dict with a `dataset` key) to map its fields. Its rows are named `<label> row N` in messages.
+    """
+
+    dataset: Any = None
 
 
 # Hub ids and field maps checked against the datasets' cards. Names with a file in BENCHMARK_DIR read that file.
@@ -105,26 +125,46 @@ REGISTRY: dict[str, SourceSpec] = {
 @dataclass(frozen=True)
 class Query:
     """One validated training query. `row` is 1-based within its source, for error messages; `columns` holds the
-    values of the extra columns its source names (`SourceSpec.columns`), by name."""
+    values of the extra columns its source names (`SourceSpec.columns`), by name; `answer` is None for a source
+    without golds (`answer_field: None`); `messages` holds the turns of a conversational row (None for a problem
+    text), whose `problem` is then its last user turn."""
 
     query_id: str
     problem: str
-    answer: str
+    answer: str | None
     source: str
     row: int
     columns: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, str], ...] | None = None
 
 
-def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
-    """Validate a source spec (a dict from YAML is accepted) and fill in the registry defaults."""
+def _given(spec: SourceSpec) -> dict[str, Any]:
+    """The fields of `spec` set to something other than their default (`answer_field: None` included)."""
+    return {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) != f.default}
+
+
+def resolve_spec(spec: SourceSpec | dict | datasets.Dataset) -> SourceSpec:
+    """Validate a source spec (a dict from YAML, or in Python a `datasets.Dataset`, are accepted) and fill in the
+    registry defaults."""
+    if isinstance(spec, datasets.Dataset):
+        spec = DatasetSource(dataset=spec)
     if isinstance(spec, dict):
-        unknown = set(spec) - {f.name for f in fields(SourceSpec)}
+        kind = DatasetSource if "dataset" in spec else SourceSpec
+        unknown = set(spec) - {f.name for f in fields(kind)}
         if unknown:
             raise DataError(unknown_keys_message(sorted(unknown)))
-        spec = SourceSpec(**spec)
-    locations = [key for key in ("name", "path", "hub_id") if getattr(spec, key)]
+        spec = kind(**spec)
+    locations = [key for key in ("name", "path", "hub_id", "dataset") if getattr(spec, key, None) is not None]
     if len(locations) != 1:
-        raise DataError(f"a source needs exactly one of name / path / hub_id, got {locations or 'none'}: {spec}")
+        raise DataError(
+            f"a source needs exactly one of name / path / hub_id (or, in Python, dataset), got {locations or 'none'}: "
+            f"{spec}"
+        )
+    if isinstance(spec, DatasetSource) and not isinstance(spec.dataset, datasets.Dataset):
+        raise DataError(
+            f"dataset must be a datasets.Dataset (one split), got a {type(spec.dataset).__name__}; "
+            "for a DatasetDict pick a split, e.g. dataset['train']"
+        )
     if spec.hub and not spec.name:
         raise DataError(f"hub: true needs a registry name (name: ...); for another Hub dataset set hub_id: {spec}")
     if spec.name:
@@ -136,14 +176,14 @@ def resolve_spec(spec: SourceSpec | dict) -> SourceSpec:
             if hub_only:
                 raise DataError(f"{hub_only} apply to the Hub copy of {spec.name!r}; add hub: true to read it")
             # The packaged files use the plain field names (id / problem / answer), already transformed.
-            given = {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) not in (None, False)}
-            spec = replace(SourceSpec(path=str(packaged), label=spec.name), **{**given, "name": None})
+            spec = replace(SourceSpec(path=str(packaged), label=spec.name), **{**_given(spec), "name": None})
         else:
-            given = {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) is not None}
-            spec = replace(REGISTRY[spec.name], **given)
+            spec = replace(REGISTRY[spec.name], **{**_given(spec), "name": spec.name})
     if spec.answer_transform not in (None, "first", "after_hash"):
         raise DataError(f"answer_transform must be first, after_hash or null, got {spec.answer_transform!r}")
     check_column_names(spec.columns)
+    if spec.weight is not None and not (isinstance(spec.weight, (int, float)) and 0 < spec.weight < float("inf")):
+        raise DataError(f"weight of {describe(spec)} must be a positive number, got {spec.weight!r}")
     return spec
 
 
@@ -203,6 +243,8 @@ def parser_unknown_key_line(message: str) -> str | None:
 
 def describe(spec: SourceSpec) -> str:
     """Where a source lives, as error messages name it."""
+    if isinstance(spec, DatasetSource):
+        return f"in-memory dataset {spec.label or 'dataset'!r}"
     if spec.path:
         return spec.path
     parts = [spec.hub_id, spec.config, spec.data_files, f"split={spec.split or 'train'}"]
@@ -216,7 +258,7 @@ def read_rows(spec: SourceSpec) -> Table:
         if path.suffix not in LOCAL_FORMATS:
             raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {list(LOCAL_FORMATS)}")
         return read_local_file(path, spec.limit)
-    table = _load_hub(spec)
+    table = spec.dataset if isinstance(spec, DatasetSource) else _load_hub(spec)
     if spec.limit is not None:
         table = table.select(range(min(spec.limit, len(table))))
     return Table([RawRow(number, None, row) for number, row in enumerate(table, start=1)], table.column_names)
@@ -278,7 +320,7 @@ def unmatchable_answer(answer: str) -> str | None:
 
 
 def _check_columns(columns: list[str], spec: SourceSpec, where: str) -> tuple[str, str, str | None]:
-    problem_field, answer_field = spec.problem_field or "problem", spec.answer_field or "answer"
+    problem_field, answer_field = spec.problem_field or "problem", spec.answer_field
     id_field = spec.id_field if spec.id_field is not None else ("id" if "id" in columns else None)
     if not columns:  # no row could be read: each one is reported on its own
         return problem_field, answer_field, id_field
@@ -302,23 +344,69 @@ def _carried(row: RawRow, columns: list[str] | None) -> tuple[dict[str, Any], tu
     return values, None
 
 
-def _row_issue(row: RawRow, fields_: tuple[str, str, str | None], spec: SourceSpec, label: str, seen: dict):
-    """((id, problem, answer, carried columns), None) for a usable row, else (None, (field, reason counted in the
-    summary, detail))."""
-    if row.error is not None:
-        return None, row.error
-    problem_field, answer_field, id_field = fields_
-    problem, raw_answer = row.values.get(problem_field), row.values.get(answer_field)
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def conversation_issue(turns: list) -> str | None:
+    """Why a conversational cell (a list of {role, content} turns) cannot be a prompt, or None when it can: every
+    turn must be a mapping with a known `role` and a text `content`, and the last must be the user's (the policy
+    answers it)."""
+    if not turns:
+        return "the conversation has no turns"
+    for number, turn in enumerate(turns, start=1):
+        if not isinstance(turn, dict) or not isinstance(turn.get("role"), str) or "content" not in turn:
+            return f"turn {number} is {turn!r:.60}, not a {{role, content}} mapping"
+        if turn["role"] not in CHAT_ROLES:
+            return f"turn {number} has role {turn['role']!r:.30}; roles are {', '.join(CHAT_ROLES)}"
+        if not isinstance(turn["content"], str):
+            return f"turn {number} has content {turn['content']!r:.40}, not text"
+    if turns[-1]["role"] != "user":
+        return f"the last turn is the {turns[-1]['role']}'s; a prompt ends with a user turn"
+    return None
+
+
+def _problem_of(value: object) -> tuple[str | None, tuple[dict, ...] | None, str | None]:
+    """(problem text, conversation turns or None, why the cell is unusable or None) of a problem cell: a text, or a
+    list of turns whose last (user) turn is the problem text."""
+    messages = None
+    if isinstance(value, list):
+        why = conversation_issue(value)
+        if why is not None:
+            return None, None, why
+        messages = tuple({"role": turn["role"], "content": turn["content"]} for turn in value)
+        value = messages[-1]["content"]
+    if not isinstance(value, str) or not strip_invisible(value).strip():
+        return None, None, f"problem is {value!r:.60} (empty, only invisible characters, or not text)"
+    return value, messages, None
+
+
+def _gold_issue(raw_answer: object, spec: SourceSpec, answer_field: str | None):
+    """(gold answer text, None), or (None, None) for a source without golds, or (None, issue) for an unusable one."""
+    if answer_field is None:
+        return None, None
     answer = _answer_text(raw_answer, spec.answer_transform)
-    if not isinstance(problem, str) or not strip_invisible(problem).strip():
-        detail = f"problem is {problem!r:.60} (empty, only invisible characters, or not text)"
-        return None, (problem_field, "bad problem", detail)
     if answer is None:
         return None, (answer_field, "bad answer", f"answer is {raw_answer!r:.60} (missing, empty or not text)")
     why = unmatchable_answer(answer)
     if why is not None:
         return None, (answer_field, "unmatchable answer", f"answer {answer!r:.60} can never be matched: {why}")
-    raw_id = row.values.get(id_field) if id_field else hashlib.sha256(problem.encode()).hexdigest()[:16]
+    return answer, None
+
+
+def _row_issue(row: RawRow, fields_: tuple[str, str | None, str | None], spec: SourceSpec, label: str, seen: dict):
+    """((id, problem, answer, carried columns, messages), None) for a usable row, else (None, (field, reason counted
+    in the summary, detail))."""
+    if row.error is not None:
+        return None, row.error
+    problem_field, answer_field, id_field = fields_
+    problem, messages, why = _problem_of(row.values.get(problem_field))
+    if why is not None:
+        return None, (problem_field, "bad problem", why)
+    answer, issue = _gold_issue(row.values.get(answer_field) if answer_field else None, spec, answer_field)
+    if issue is not None:
+        return None, issue
+    hashed = problem if messages is None else json.dumps(messages, ensure_ascii=False, sort_keys=True)
+    raw_id = row.values.get(id_field) if id_field else hashlib.sha256(hashed.encode()).hexdigest()[:16]
     if raw_id is None or str(raw_id).strip() == "":
         return None, (id_field, "bad id", f"id is {raw_id!r}")
     query_id = f"{label}/{raw_id}"
@@ -327,7 +415,7 @@ def _row_issue(row: RawRow, fields_: tuple[str, str, str | None], spec: SourceSp
         detail = f"duplicate id {query_id!r} ({same} as row {seen[query_id]})"
         return None, (id_field or problem_field, "duplicate id", detail)
     carried, issue = _carried(row, spec.columns)
-    return (None, issue) if issue is not None else ((query_id, problem, answer, carried), None)
+    return (None, issue) if issue is not None else ((query_id, problem, answer, carried, messages), None)
 
 
 def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[list[Query], Counter]:
@@ -342,7 +430,7 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     where = describe(spec)
     table = read_rows(spec)
     fields_ = _check_columns(table.columns, spec, where)
-    label = spec.label or spec.name or (Path(spec.path).stem if spec.path else spec.hub_id)
+    label = spec.label or spec.name or (Path(spec.path).stem if spec.path else spec.hub_id) or "dataset"
 
     queries: list[Query] = []
     problems: list[str] = []
@@ -355,9 +443,9 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
             problems.append(f"{where} {row.position}{field_name}: {issue[2]}")
             skipped[issue[1]] += 1
             continue
-        query_id, problem, answer, carried = found
+        query_id, problem, answer, carried, messages = found
         first_row_of[query_id] = row.number
-        queries.append(Query(query_id, problem, answer, where, row.number, carried))
+        queries.append(Query(query_id, problem, answer, where, row.number, carried, messages))
 
     if problems and not skip_invalid:
         listed = "\n  ".join(problems[:MAX_LISTED_ERRORS])

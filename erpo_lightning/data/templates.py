@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
+from erpo_lightning.data.files import DataError
+
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 # The ERPO paper's training instruction (docs/erpo.md), appended to every problem after one space.
 ERPO_SUFFIX = (
@@ -88,3 +90,39 @@ def tokenize_prompts(
     texts = [render_prompt(template, problem, tokenizer) for problem in problems]
     encoded = tokenizer(texts, add_special_tokens=not template.use_chat_template, truncation=False)
     return [list(ids) for ids in encoded["input_ids"]]
+
+
+def render_conversation(messages: tuple[dict, ...], tokenizer: PreTrainedTokenizerBase, where: str) -> str:
+    """The prompt text of a conversational row: its turns as given, in the tokenizer's chat template, with the
+    generation prompt (the prompt template's system prompt and suffix apply to text problems only).
+
+    Raises:
+        DataError naming the row (`where`) when the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"{where}: the row is a conversation (a list of role/content turns), but the tokenizer "
+            f"{getattr(tokenizer, 'name_or_path', '')!r} has no chat template to render it with: use a model whose "
+            "tokenizer has one, or give the problem as text"
+        )
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+
+def tokenize_queries(template: PromptTemplate, queries: list, tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    """Token ids of each query's prompt: a text problem through `template` (`tokenize_prompts`), a conversation
+    (`Query.messages`) through the tokenizer's chat template, with no special tokens added (the template writes
+    them)."""
+    ids: list[list[int] | None] = [None] * len(queries)
+    texts = [i for i, query in enumerate(queries) if query.messages is None]
+    encoded_texts = tokenize_prompts(template, [queries[i].problem for i in texts], tokenizer) if texts else []
+    for i, encoded in zip(texts, encoded_texts, strict=True):
+        ids[i] = encoded
+    chats = [i for i, query in enumerate(queries) if query.messages is not None]
+    rendered = [
+        render_conversation(queries[i].messages, tokenizer, f"{queries[i].source} row {queries[i].row}") for i in chats
+    ]
+    if rendered:
+        encoded = tokenizer(rendered, add_special_tokens=False, truncation=False)["input_ids"]
+        for i, row_ids in zip(chats, encoded, strict=True):
+            ids[i] = list(row_ids)
+    return ids
