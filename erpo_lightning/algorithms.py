@@ -91,6 +91,7 @@ class Algorithm(LossSettings):
         if min(self.query_kl_coef, self.policy_kl_coef, self.weight_decay) < 0:
             raise ValueError("model.query_kl_coef, policy_kl_coef and weight_decay must be >= 0")
         self._check_query_kl_tolerance()
+        self._check_rollout_correction()
         if not self.advantage_eps >= 0:
             raise ValueError(f"model.advantage_eps must be >= 0, got {self.advantage_eps}")
         if self.query_weight_source == "current" and self.query_weight_norm == "dataset":
@@ -119,6 +120,18 @@ class Algorithm(LossSettings):
             "real drift for noise (1e9 would switch the Query-KL loss off); leave it null for the compute dtype's "
             "default, or set model.query_kl_coef 0 to train without Query-KL"
         )
+
+    def _check_rollout_correction(self) -> None:
+        """ValueError unless the band [rollout_correction_floor, rollout_correction_cap] is a band of ratios:
+        cap > 0 (inf allowed), floor null or 0 <= floor < cap."""
+        cap, floor = self.rollout_correction_cap, self.rollout_correction_floor
+        if not cap > 0:  # NaN too
+            raise ValueError(f"model.rollout_correction_cap must be > 0 (inf: no upper end), got {cap}")
+        if floor is not None and not 0 <= floor < cap:
+            raise ValueError(
+                f"model.rollout_correction_floor must be >= 0 and below rollout_correction_cap ({cap:g}), or null, "
+                f"got {floor}"
+            )
 
     @property
     def static_query_weights(self) -> bool:

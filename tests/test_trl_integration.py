@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from helpers.trl_setup import (
     GROUP_SIZE,
     PROMPTS,
     REWARDS,
+    fixed_rollout,
     length_reward,
     make_trainer,
     requires_trl,
@@ -462,3 +464,98 @@ def test_exact_query_kl_is_zero_at_theta0_and_stays_there_without_signal(model_p
     trainer.train()
     logged = [entry["query_kl/token_k3"] for entry in trainer.state.log_history if "query_kl/token_k3" in entry]
     assert len(logged) == 3 and logged == [0.0, 0.0, 0.0], logged
+
+
+@requires_trl
+@pytest.mark.parametrize(
+    ("trl_settings", "expected"),
+    [
+        ({}, ("mis", "sequence", 3.0, None)),  # TRL's default: sequence_mask, C_max 3
+        ({"vllm_importance_sampling_mode": "token_truncate"}, ("tis", "token", 3.0, None)),
+        (
+            {"vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_min": 0.5},
+            ("mis", "token", 3.0, 0.5),
+        ),  # fmt: skip
+        (
+            {"vllm_importance_sampling_mode": "sequence_truncate", "vllm_importance_sampling_clip_max": 2.0},
+            ("tis", "sequence", 2.0, None),
+        ),  # fmt: skip
+        (
+            {"vllm_importance_sampling_clip_max": None, "vllm_importance_sampling_clip_min": 0.2},
+            ("mis", "sequence", float("inf"), 0.2),
+        ),  # fmt: skip
+    ],
+)
+def test_trl_importance_sampling_correction_maps_onto_rollout_correction(trl_settings, expected, tmp_path):
+    """GRPOConfig's vLLM importance-sampling settings become the algorithm's `rollout_correction` fields (no model
+    is built: the mapping happens before TRL builds anything)."""
+    from trl import GRPOConfig
+
+    from erpo_lightning.integrations.trl import _trl_rollout_correction
+
+    def config(**settings):
+        return GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **settings)
+
+    algorithm = resolve_algorithm("erpo")
+    mapped = _trl_rollout_correction(config(use_vllm=True, **trl_settings), algorithm)
+    fields = ("rollout_correction", "rollout_correction_level", "rollout_correction_cap", "rollout_correction_floor")
+    assert tuple(getattr(mapped, name) for name in fields) == expected
+    assert mapped == replace(algorithm, **dict(zip(fields, expected, strict=True)))  # nothing else changes
+    # TRL corrects only with vLLM, and only when asked.
+    assert _trl_rollout_correction(config(**trl_settings), algorithm) == algorithm
+    off = config(use_vllm=True, vllm_importance_sampling_correction=False, **trl_settings)
+    assert _trl_rollout_correction(off, algorithm) == algorithm
+
+
+@requires_trl
+def test_a_correction_set_twice_is_refused_before_trl_builds_anything(tmp_path):
+    with pytest.raises(ValueError, match="both set the mismatch correction") as error:
+        make_trainer("no-such-model", tmp_path, use_vllm=True, rollout_correction="tis")
+    assert "model." not in str(error.value)
+
+
+@pytest.mark.slow
+@requires_trl
+def test_a_correction_without_the_engines_logprobs_is_refused(model_path, tmp_path):
+    """Neither vLLM nor a rollout_func: TRL samples with transformers and keeps no log-probs to correct with."""
+    with pytest.raises(ValueError, match=re.escape("ERPOTrainer: algorithm rollout_correction='tis' needs the")):
+        make_trainer(model_path, tmp_path, fixed=False, rollout_correction="tis")
+
+
+@pytest.mark.slow
+@requires_trl
+def test_rollout_correction_weights_the_loss_with_the_engines_logprobs(model_path, tmp_path):
+    """A rollout_func that returns the engine's log-probs: tokens with ρ above the cap leave the PG loss (mis), the
+    share is logged, and without those log-probs the correction is refused."""
+
+    def with_logprobs(prompts, trainer):
+        rollout = fixed_rollout(prompts, trainer)
+        # -20 nats: ρ = π / μ far above any cap; -0.01: ρ below 1, inside the band.
+        rollout["logprobs"] = [
+            [-20.0 if t % 2 else -0.01 for t in range(len(ids))] for ids in rollout["completion_ids"]
+        ]
+        return rollout
+
+    trainer = make_trainer(
+        model_path,
+        tmp_path,
+        rollout_correction="mis",
+        rollout_correction_cap=1.5,
+        inputs={"rollout_func": with_logprobs},
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
+    corrected = trainer.compute_loss(trainer.model, inputs).item()
+    mask = inputs["completion_mask"].bool()
+    odd = (torch.arange(mask.shape[1]) % 2 == 1).expand_as(mask)
+    assert trainer._metrics["train"]["rollout_correction/capped_frac"][-1] == pytest.approx(
+        (odd & mask).sum().item() / mask.sum().item()
+    )
+    assert trainer._metrics["train"]["rollout_correction/ratio_mean"][-1] > 1.5
+    trainer.algorithm = replace(trainer.algorithm, rollout_correction="none")
+    assert abs(trainer.compute_loss(trainer.model, inputs).item() - corrected) > 1e-4
+    trainer.algorithm = replace(trainer.algorithm, rollout_correction="tis")
+    del inputs["sampling_per_token_logps"]
+    with pytest.raises(ValueError, match="ERPOTrainer: rollout_correction='tis' needs the engine's log-probs"):
+        trainer.compute_loss(trainer.model, inputs)

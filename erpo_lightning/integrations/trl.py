@@ -8,6 +8,7 @@ a Query-KL monitor for any `GRPOTrainer` run.
                                       query scores, w(q), group leader flag and the step's global counts
     `_compute_loss`                   one forward over [prompt; completion] through TRL's fused LM head with the
                                       prompt labels kept, then `objectives.rl_loss` with the resolved `Algorithm`
+                                      (and vLLM's sampling log-probs, for `rollout_correction`)
 The θ0 scores of every training (and evaluation) prompt are computed in `__init__` (before any step) with the
 project's cache code, fingerprinted, written to `<output_dir>/erpo_reference` and read back on resume
 (`reference_scores.load_or_score`).
@@ -17,6 +18,7 @@ Importing this module imports TRL; `import erpo_lightning` does not.
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -48,6 +50,13 @@ __all__ = ["ERPOTrainer", "QueryKLCallback"]
 # TRL's loss_type for each of our aggregations (docs/trl.md, "Loss types"); seq_mean_token_sum has none.
 TRL_LOSS_TYPE = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
 ALGORITHM_FIELDS = frozenset(field.name for field in fields(Algorithm))
+# TRL's vllm_importance_sampling_mode -> (rollout_correction, rollout_correction_level).
+TRL_IS_MODES = {
+    "token_truncate": ("tis", "token"),
+    "token_mask": ("mis", "token"),
+    "sequence_truncate": ("tis", "sequence"),
+    "sequence_mask": ("mis", "sequence"),
+}
 
 
 def _default(name: str):
@@ -98,8 +107,6 @@ def _unsupported(args: GRPOConfig, algorithm: Algorithm) -> str | None:
         )
     if args.use_vllm and args.vllm_mode == "server":
         return "GRPOConfig.vllm_mode='server' is not supported yet (colocate is)"
-    if args.use_vllm and args.vllm_importance_sampling_correction:
-        return "GRPOConfig.vllm_importance_sampling_correction=True is not supported (rl_loss has no such correction)"
     if args.steps_per_generation != args.gradient_accumulation_steps:
         return "GRPOConfig.steps_per_generation must equal gradient_accumulation_steps (one optimizer step per batch)"
     if algorithm.policy_kl_coef:
@@ -111,8 +118,16 @@ def _unsupported(args: GRPOConfig, algorithm: Algorithm) -> str | None:
     return None
 
 
-def _unsupported_inputs(trainer: GRPOTrainer) -> str | None:
+_NO_SAMPLING_LOGPROBS = (
+    "needs the engine's log-probs of the sampled tokens, which TRL has with use_vllm=True or from a rollout_func "
+    "that returns `logprobs`"
+)
+
+
+def _unsupported_inputs(trainer: GRPOTrainer, algorithm: Algorithm) -> str | None:
     """The first trainer input ERPOTrainer cannot honour, as a one-line reason, or None."""
+    if algorithm.rollout_correction != "none" and not (trainer.use_vllm or trainer.rollout_func is not None):
+        return f"algorithm rollout_correction={algorithm.rollout_correction!r} {_NO_SAMPLING_LOGPROBS}"
     if trainer.tools or trainer.environment_factories is not None:
         return "tools and environment_factory are not supported (their tokens are not the prompt's)"
     if not all(isinstance(dataset, Dataset) for _, dataset in named_datasets(trainer)):
@@ -137,6 +152,35 @@ def _algorithm(algorithm: str | Algorithm, overrides: dict) -> Algorithm:
         raise ValueError(f"ERPOTrainer: {str(error).replace('model.', '')}") from None
 
 
+def _trl_rollout_correction(args: GRPOConfig, algorithm: Algorithm) -> Algorithm:
+    """`algorithm` with TRL's vLLM importance-sampling correction as its `rollout_correction` fields.
+
+    TRL applies `vllm_importance_sampling_correction` only with `use_vllm`; then its mode gives the correction and
+    its level (`TRL_IS_MODES`), `vllm_importance_sampling_clip_max` the cap (None: inf) and `..._clip_min` the
+    floor: TRL's weights (ours clamp log ρ at ±RATIO_LOG_CLAMP first, which only an infinite cap can see).
+    Otherwise `algorithm` is returned as is. ValueError when the algorithm sets a correction too (one place sets
+    it), or for a mode TRL 1.16 does not have.
+    """
+    if not (args.use_vllm and args.vllm_importance_sampling_correction):
+        return algorithm
+    if algorithm.rollout_correction != "none":
+        raise ValueError(
+            f"rollout_correction={algorithm.rollout_correction!r} and GRPOConfig.vllm_importance_sampling_correction="
+            "True both set the mismatch correction: set vllm_importance_sampling_correction=False, or leave "
+            "rollout_correction unset"
+        )
+    mode = args.vllm_importance_sampling_mode
+    if mode not in TRL_IS_MODES:
+        raise ValueError(f"GRPOConfig.vllm_importance_sampling_mode={mode!r} is not one of {', '.join(TRL_IS_MODES)}")
+    correction, level = TRL_IS_MODES[mode]
+    cap = args.vllm_importance_sampling_clip_max
+    return replace(
+        algorithm, rollout_correction=correction, rollout_correction_level=level,
+        rollout_correction_cap=math.inf if cap is None else cap,
+        rollout_correction_floor=args.vllm_importance_sampling_clip_min,
+    )  # fmt: skip
+
+
 class ERPOTrainer(GRPOTrainer):
     """TRL's `GRPOTrainer` trained with ERPO (or any `Algorithm` without Policy-KL): `objectives.rl_loss` on the
     rows TRL generates, Query-KL against cached θ0 scores, w(q) per query; no reference model.
@@ -150,6 +194,8 @@ class ERPOTrainer(GRPOTrainer):
             fused forward over [prompt; completion] rows (no extra forward), and the tolerance defaults to the
             compute dtype's noise floor (docs/erpo.md, "Query-KL at θ0").
         **fields: single `Algorithm` fields overriding the preset (e.g. `query_kl_coef=0.05`).
+    GRPOConfig's `vllm_importance_sampling_correction` (TRL's default, with vLLM) sets the algorithm's
+    `rollout_correction` fields from its mode and clip bounds (`_trl_rollout_correction`).
     The loss side (loss_type, clip range, advantages) follows the algorithm; a GRPOConfig loss field set to
     something else is refused, as is every setting rl_loss cannot reproduce (one line naming it). An empty dataset
     is refused before TRL builds anything; empty prompts and chat prompts without a chat template before θ0
@@ -168,6 +214,11 @@ class ERPOTrainer(GRPOTrainer):
         overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in ALGORITHM_FIELDS}
         algorithm = _algorithm(algorithm, overrides)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if config is not None:
+            try:
+                algorithm = _trl_rollout_correction(config, algorithm)
+            except ValueError as error:
+                raise ValueError(f"ERPOTrainer: {str(error).replace('model.', '')}") from None
         problem = _unsupported(config, algorithm) if config is not None else None  # before TRL builds anything
         problem = problem or empty_dataset_problem(
             kwargs.get("train_dataset", args[3] if len(args) > 3 else None),
@@ -179,7 +230,7 @@ class ERPOTrainer(GRPOTrainer):
             problem = peft_config_problem(peft_config, kwargs.get("model", args[0] if args else None), remote)
         if problem is None:
             super().__init__(*args, **kwargs)
-            problem = _unsupported(self.args, algorithm) or _unsupported_inputs(self)
+            problem = _unsupported(self.args, algorithm) or _unsupported_inputs(self, algorithm)
         if problem is not None:
             raise ValueError(f"ERPOTrainer: {problem}")
         if query_kl_scoring not in ("exact", "shared_forward"):
@@ -332,13 +383,22 @@ class ERPOTrainer(GRPOTrainer):
         normalizers = {
             name: inputs[f"erpo_count_{name}"] for name in ("tokens", "sequences", "queries", "query_tokens")
         }
+        old = response_lp.detach() if old is None else old
+        sampling = inputs.get("sampling_per_token_logps")
+        if sampling is not None:  # vLLM gives NaN where it had no log-prob: ρ = 1 there, as in TRL
+            sampling = torch.where(sampling.isnan(), old, sampling)
+        elif self.algorithm.rollout_correction != "none":
+            correction = self.algorithm.rollout_correction
+            raise ValueError(
+                f"ERPOTrainer: rollout_correction={correction!r} {_NO_SAMPLING_LOGPROBS}; this batch has none"
+            )
         exact = self.query_kl_scoring == "exact"
         loss, stats = obj.rl_loss(
-            self.algorithm, response_lp, response_lp.detach() if old is None else old, inputs["advantages"],
+            self.algorithm, response_lp, old, inputs["advantages"],
             completion_mask, None if exact else query_lp, inputs["erpo_ref_query_logprobs"], query_mask,
             inputs["erpo_is_leader"],
             seq_weights=inputs.get("erpo_query_weights") if self.algorithm.use_query_weights else None,
-            constant=self.max_completion_length, normalizers=normalizers,
+            constant=self.max_completion_length, normalizers=normalizers, sampling_logprobs=sampling,
         )  # fmt: skip
         if exact:
             leaders = inputs["erpo_is_leader"]
@@ -357,7 +417,8 @@ class ERPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _log_loss_metrics(self, stats: obj.LossStats, entropy, completion_mask, width: int) -> None:
         """Query-KL (the run's estimator and the token_k3 yardstick: mean over the micro-batch's group leaders on all
-        processes; TRL averages the micro-batches between two logs) and TRL's entropy and clip-ratio metrics."""
+        processes; TRL averages the micro-batches between two logs), TRL's entropy and clip-ratio metrics, and with
+        `rollout_correction` the token mean of its ratio and the share of tokens outside its band."""
         mode = "train" if self.model.training else "eval"
         estimator = self.algorithm.query_kl_estimator
         drift = stats.query_drift
@@ -375,8 +436,13 @@ class ERPOTrainer(GRPOTrainer):
             self._metrics[mode]["entropy"].append(
                 (self.accelerator.reduce((response_entropy * real).sum(), "sum") / counts).item()
             )
-        for name, key in (("clip_ratio/low_mean", "clip_frac_low"), ("clip_ratio/high_mean", "clip_frac_high")):
-            local = stats.pg_stats[key] * real.sum()
+        token_means = {name: stats.pg_stats[key] * real.sum() for name, key in (
+            ("clip_ratio/low_mean", "clip_frac_low"), ("clip_ratio/high_mean", "clip_frac_high"),
+        )}  # fmt: skip
+        if stats.rollout_is_ratio is not None:
+            token_means["rollout_correction/ratio_mean"] = (stats.rollout_is_ratio * real).sum()
+            token_means["rollout_correction/capped_frac"] = (stats.rollout_is_outside * real).sum()
+        for name, local in token_means.items():
             self._metrics[mode][name].append((self.accelerator.reduce(local, "sum") / counts).item())
 
 

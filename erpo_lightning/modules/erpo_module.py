@@ -51,9 +51,9 @@ class ERPOModule(L.LightningModule):
         model_path: local directory or Hub id of the initial policy (also the frozen reference θ0).
         algorithm: preset name (`erpo` (the paper), `erpo_released` (the authors' code), `grpo`, `grpo_kl`, `dapo`,
             `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`). The keyword arguments named like the fields of
-            `algorithms.Algorithm` (`advantage_estimator` to `policy_kl_kind`, and `weight_decay`) replace single
-            fields of the preset (None = keep); their entries, after the others, are the fields' own docstrings
-            (`algorithms.loss_setting_args_doc`). Every choice is checked here, before any model is loaded.
+            `algorithms.Algorithm` (`advantage_estimator` to `rollout_correction_floor`, and `weight_decay`) replace
+            single fields of the preset (None = keep); their entries, after the others, are the fields' own
+            docstrings (`algorithms.loss_setting_args_doc`). Every choice is checked here, before any model is loaded.
         num_iterations: passes (PPO epochs) over each rollout batch.
         update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
         micro_batch_tokens: token budget of one forward (rows × longest row).
@@ -109,6 +109,10 @@ class ERPOModule(L.LightningModule):
         query_weight_clip: tuple[float, float] | Literal["none"] | None = None,
         policy_kl_coef: float | None = None,
         policy_kl_kind: obj.KLKind | None = None,
+        rollout_correction: obj.RolloutCorrection | None = None,
+        rollout_correction_level: obj.RolloutCorrectionLevel | None = None,
+        rollout_correction_cap: float | None = None,
+        rollout_correction_floor: float | None = None,
         num_iterations: int = 1,
         update_batch_size: int | None = None,
         micro_batch_tokens: int = 16384,
@@ -351,7 +355,7 @@ class ERPOModule(L.LightningModule):
             query_lp, reference, query_mask, micro.is_group_leader,
             seq_weights=micro.query_weights if self.algorithm.use_query_weights else None,
             constant=self.hparams.loss_constant or micro.max_new_tokens, normalizers=normalizers,
-            ref_response_logprobs=ref_response,
+            ref_response_logprobs=ref_response, sampling_logprobs=micro.sampling_logprobs,
         )  # fmt: skip
         # On policy, this forward is the trainer's view of the sampled tokens before any update: a free check.
         difference = (old - micro.sampling_logprobs).abs() if on_policy else None

@@ -12,16 +12,19 @@ from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "query_kl_token_k3", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high",
     "dual_clip_frac", "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min",
-    "query_weight_max", "logprob_abs_diff", "grad_norm", "query_loglik_change",
+    "query_weight_max", "logprob_abs_diff", "grad_norm", "query_loglik_change", "rollout_is_ratio_mean",
+    "rollout_is_ratio_min", "rollout_is_ratio_max", "rollout_is_capped_frac",
 )  # fmt: skip
 
 
 def build_train_metrics() -> torch.nn.ModuleDict:
-    """One metric per name of TRAIN_METRICS: masked means, except the Query-KL / Policy-KL and w(q) extremes."""
+    """One metric per name of TRAIN_METRICS: masked means, except the Query-KL / Policy-KL and the extremes of w(q)
+    and of the rollout correction's ratio."""
     metrics = torch.nn.ModuleDict({name: MaskedMean() for name in TRAIN_METRICS})
     metrics.update({
         "query_kl": QueryKL(), "query_kl_token_k3": QueryKL(), "policy_kl": PolicyKL(),
         "query_weight_min": MinMetric(), "query_weight_max": MaxMetric(),
+        "rollout_is_ratio_min": MinMetric(), "rollout_is_ratio_max": MaxMetric(),
     })  # fmt: skip
     return metrics
 
@@ -46,6 +49,8 @@ def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, stat
     for name, value in stats.pg_stats.items():  # token means: weight by this micro-batch's token count
         metrics[name].update(value, tokens)
     metrics["advantage_mean"].update(micro.advantages)
+    if stats.rollout_is_ratio is not None:
+        update_rollout_correction_metrics(metrics, stats.rollout_is_ratio, stats.rollout_is_outside, response_mask)
     if micro.query_weights is None:
         return
     weights = micro.query_weights[micro.is_group_leader]
@@ -53,6 +58,19 @@ def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, stat
     if len(weights):
         metrics["query_weight_min"].update(weights)
         metrics["query_weight_max"].update(weights)
+
+
+def update_rollout_correction_metrics(
+    metrics: torch.nn.ModuleDict, ratio: torch.Tensor, outside: torch.Tensor, response_mask: torch.Tensor
+) -> None:
+    """Add the engine–trainer ratio ρ ([N, R], each token's or its response's) over the response tokens: its mean,
+    min and max, and the share of tokens whose ρ left the band (`rollout_is_capped_frac`)."""
+    metrics["rollout_is_ratio_mean"].update(ratio, response_mask)
+    metrics["rollout_is_capped_frac"].update(outside.float(), response_mask)
+    real = ratio[response_mask.bool()]
+    if len(real):
+        metrics["rollout_is_ratio_min"].update(real)
+        metrics["rollout_is_ratio_max"].update(real)
 
 
 def compute_and_reset(metrics: torch.nn.ModuleDict) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ Nothing here imports Lightning: a TRL, verl or OpenRLHF user can call these dire
     policy         the PPO-clipped surrogate and the aggregation of per-token losses
     kl             k1/k2/k3, sequence k3 and Query-KL
     query_weights  ERPO's per-query weight w(q)
+    rollout_correction  truncated / masked importance weights for the rollout engine–trainer mismatch
     loss           prompt/response masks, `LossSettings`, `loss_normalizers` and the whole `rl_loss`
 
 Conventions: N sequences (responses), T tokens, Q unique queries. Masks are 1 on real tokens, 0 on padding; padding
@@ -57,11 +58,19 @@ from erpo_lightning.objectives.query_weights import (
     QueryWeightSource,
     query_weights,
 )
+from erpo_lightning.objectives.rollout_correction import (
+    DEFAULT_ROLLOUT_CORRECTION_CAP,
+    RolloutCorrection,
+    RolloutCorrectionLevel,
+    rollout_correction_weights,
+    rollout_log_ratios,
+)
 
 __all__ = [
     "DEFAULT_ADVANTAGE_EPS",
     "DEFAULT_KL_CLAMP",
     "DEFAULT_QUERY_WEIGHT_CLIP",
+    "DEFAULT_ROLLOUT_CORRECTION_CAP",
     "GROUP_ESTIMATORS",
     "MAX_QUERY_KL_TOLERANCE",
     "QUERY_KL_TOLERANCE",
@@ -77,6 +86,8 @@ __all__ = [
     "QueryKLEstimator",
     "QueryWeightNorm",
     "QueryWeightSource",
+    "RolloutCorrection",
+    "RolloutCorrectionLevel",
     "aggregate",
     "check_group_size",
     "group_advantages",
@@ -94,6 +105,8 @@ __all__ = [
     "query_token_mask",
     "query_weights",
     "rl_loss",
+    "rollout_correction_weights",
+    "rollout_log_ratios",
     "sequence_k3",
     "split_prompt_response",
 ]

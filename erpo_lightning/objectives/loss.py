@@ -18,6 +18,12 @@ from erpo_lightning.objectives.kl import (
     query_kl_tolerance_for,
 )
 from erpo_lightning.objectives.policy import AggregationMode, aggregate, policy_gradient_loss
+from erpo_lightning.objectives.rollout_correction import (
+    DEFAULT_ROLLOUT_CORRECTION_CAP,
+    RolloutCorrection,
+    RolloutCorrectionLevel,
+    rollout_correction_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,10 @@ class LossStats:
         entropy: [N, R] the policy's per-token entropy (nats) on the responses; logprob_abs_diff: [N, R]
             |trainer − sampler| log-prob of each sampled token, from an on-policy forward. Both are added by the
             trainer that ran the forward (None from `rl_loss`).
+        rollout_is_ratio: [N, R] the engine–trainer ratio ρ of each response token (its response's under
+            `rollout_correction_level: sequence`), 1 on padding; rollout_is_outside: [N, R] bool, the tokens whose ρ
+            left the band (clipped or zeroed). Both None unless `rollout_correction` is on and sampling log-probs
+            were given (`objectives.rollout_correction_weights`).
     """
 
     pg_loss: torch.Tensor
@@ -62,6 +72,8 @@ class LossStats:
     policy_kl: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     logprob_abs_diff: torch.Tensor | None = None
+    rollout_is_ratio: torch.Tensor | None = None
+    rollout_is_outside: torch.Tensor | None = None
 
 
 def query_token_mask(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
@@ -131,6 +143,20 @@ class LossSettings:
         kl_clamp: the bound of `kl_clamp_mode` (> 0 unless the mode is `none`).
         policy_kl_coef: β, the weight of Policy-KL to the frozen reference model (0 = off; > 0 loads that model).
         policy_kl_kind: the per-token estimator of Policy-KL, `k1` | `k2` | `k3`, aggregated like the PG loss.
+        rollout_correction: importance weights for the rollout engine–trainer mismatch, on the ratio ρ = π_old / μ
+            of the sampled tokens (π_old: the trainer's log-probs before any update on the batch; μ: the engine's,
+            `RolloutBatch.sampling_logprobs`): `tis` multiplies each response token's policy-gradient term by
+            min(max(ρ, floor), cap) (truncated IS), `mis` by ρ inside [floor, cap] and 0 outside it (masked IS),
+            `none` by 1 (off; the gap is still logged as `logprob_abs_diff`). The weights carry no gradient and
+            touch only the policy-gradient terms: Query-KL and Policy-KL are unchanged, and a zeroed token still
+            counts in the aggregation's denominator (`objectives.rollout_correction_weights`, docs/erpo.md).
+        rollout_correction_level: `token`: ρ of each token; `sequence`: one ρ per response, the product of its
+            tokens' ratios (exp of the summed log-prob gap), on all its tokens, so `mis` drops whole responses.
+        rollout_correction_cap: the band's upper end C > 0 for `rollout_correction` (inf: no upper end). verl's
+            default is 2, TRL's 3; sequence ratios spread wider than token ones.
+        rollout_correction_floor: the band's lower end, 0 <= floor < cap (`mis` drops tokens whose ρ is below it,
+            `tis` raises their weight to it), or None: no lower end (TRL's default; 1/cap gives a band symmetric in
+            log ρ).
     """
 
     loss_aggregation: AggregationMode = "token_mean"
@@ -145,6 +171,10 @@ class LossSettings:
     kl_clamp: float = DEFAULT_KL_CLAMP
     policy_kl_coef: float = 0.0
     policy_kl_kind: KLKind = "k3"
+    rollout_correction: RolloutCorrection = "none"
+    rollout_correction_level: RolloutCorrectionLevel = "token"
+    rollout_correction_cap: float = DEFAULT_ROLLOUT_CORRECTION_CAP
+    rollout_correction_floor: float | None = None
 
 
 def loss_normalizers(
@@ -177,6 +207,7 @@ def rl_loss(
     constant: float | None = None,
     normalizers: dict[str, torch.Tensor] | None = None,
     ref_response_logprobs: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The whole loss of [prompt; response] rows: weighted PG + α · Query-KL (+ β · Policy-KL).
 
@@ -191,6 +222,9 @@ def rl_loss(
         constant: Dr. GRPO's normaliser for `seq_sum_constant`.
         normalizers: global counts as `loss_normalizers` names them; None = this batch's own.
         ref_response_logprobs: [N, R] reference-model log-probs of the responses for Policy-KL, or None.
+        sampling_logprobs: [N, R] the rollout engine's log-probs of the sampled tokens; with `rollout_correction`
+            on, each per-token PG term is multiplied by its weight against `old_logprobs` (π_old), and a missing
+            one is refused (ValueError). Unused when the correction is off.
     Returns:
         loss (scalar) and its `LossStats` (the queries' drift over the Q group leaders).
     """
@@ -201,6 +235,15 @@ def rl_loss(
     per_token, stats = policy_gradient_loss(
         response_logprobs, old_logprobs, advantages, response_mask, s.clip_low, s.clip_high, s.dual_clip
     )
+    is_ratio = is_outside = None
+    if s.rollout_correction != "none":
+        if sampling_logprobs is None:
+            raise ValueError(f"rollout_correction {s.rollout_correction!r} needs the engine's sampling log-probs")
+        weights, is_ratio, is_outside = rollout_correction_weights(
+            old_logprobs, sampling_logprobs, response_mask, s.rollout_correction, s.rollout_correction_level,
+            s.rollout_correction_cap, s.rollout_correction_floor,
+        )  # fmt: skip
+        per_token = per_token * weights.to(per_token.dtype)
     sequences = normalizers["sequences"]
     pg_loss = aggregate(
         per_token,
@@ -228,7 +271,9 @@ def rl_loss(
             policy_kl = aggregate(per_token_kl, response_mask, s.loss_aggregation, None, constant, normalizer)
             loss = loss + s.policy_kl_coef * policy_kl
         policy_kl_tokens = torch.where(real, per_token_kl.detach(), 0.0)
-    return loss, LossStats(pg_loss.detach(), stats, drift, policy_kl_tokens)
+    return loss, LossStats(
+        pg_loss.detach(), stats, drift, policy_kl_tokens, rollout_is_ratio=is_ratio, rollout_is_outside=is_outside
+    )
 
 
 def query_kl_loss(
