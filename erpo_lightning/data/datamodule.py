@@ -10,6 +10,8 @@ LightningModule takes `datamodule.cache` for the per-token reference log-probs o
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import sys
 import warnings
@@ -39,6 +41,13 @@ from erpo_lightning.data.cache import (
     write_cache,
 )
 from erpo_lightning.data.fingerprint import build_manifest, check_manifest, fingerprint_digest
+from erpo_lightning.data.pass_rate import (
+    PassRateFilter,
+    keep_band,
+    load_or_compute_rates,
+    pass_rate_fingerprint,
+    pass_rates,
+)
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat, check_golds, prepare_queries
 from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import (
@@ -53,11 +62,15 @@ from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.file_hashes import cache_home
+from erpo_lightning.rewards.protocol import reward_name
 from erpo_lightning.rollout.batch import QueryBatch
+from erpo_lightning.rollout.hf_engine import HFEngine
+from erpo_lightning.rollout.sampler import RolloutSampler
 from erpo_lightning.setting_rules import Rule, at_least, check_rules
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_CACHE_ROOT = cache_home() / "reference"
+PASS_RATE_ROOT = cache_home() / "pass_rates"  # the pass-rate filter's rates, one file per fingerprint
 # (field, test, allowed range) of the data module's counts.
 _SETTING_RULES: tuple[Rule, ...] = tuple(
     (name, at_least(minimum), f">= {minimum}")
@@ -83,13 +96,19 @@ def check_data_settings(settings: Mapping[str, Any]) -> None:
     check_rules("data", settings, _SETTING_RULES)
 
 
-def training_reward(trainer) -> object | None:
-    """The reward of the trainer's rollout callback (the callback with a `sampler` holding one), or None."""
+def training_sampler(trainer) -> RolloutSampler | None:
+    """The sampler of the trainer's rollout callback (the callback with a `sampler` holding a reward), or None."""
     for callback in getattr(trainer, "callbacks", None) or ():
-        reward = getattr(getattr(callback, "sampler", None), "reward", None)
-        if reward is not None:
-            return reward
+        sampler = getattr(callback, "sampler", None)
+        if getattr(sampler, "reward", None) is not None:
+            return sampler
     return None
+
+
+def training_reward(trainer) -> object | None:
+    """The reward of the trainer's rollout callback, or None."""
+    sampler = training_sampler(trainer)
+    return None if sampler is None else sampler.reward
 
 
 def in_memory_note(source: object) -> object:
@@ -160,6 +179,10 @@ class QueryDataModule(LightningDataModule):
             and in the training step (`query_scoring.QueryScoringLayout`): blocks of this many queries, each
             right-padded to a multiple of this many tokens. Equal shapes make the step's scores at θ0 equal the
             cache's bit for bit; part of the cache's fingerprint.
+        pass_rate_filter: keep only the training queries whose pass rate under the initial policy lies in a band
+            (`pass_rate.PassRateFilter`: low, high, samples, temperature, ...), measured at the start of a fit with
+            the rollout callback's reward before the reference cache is built, and cached by fingerprint; None keeps
+            every query.
     """
 
     def __init__(
@@ -187,6 +210,7 @@ class QueryDataModule(LightningDataModule):
         cache_engine: Literal["transformers", "vllm"] = "transformers",
         query_score_rows: int = 8,
         query_score_width_multiple: int = 64,
+        pass_rate_filter: PassRateFilter | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -209,6 +233,8 @@ class QueryDataModule(LightningDataModule):
         self.batch_sampler: QueryBatchSampler | None = None
         self.cache_digest: str | None = None  # fingerprint of the reference scores in use, saved in checkpoints
         self._resume_position: dict | None = None  # from a checkpoint, used by the next train_dataloader()
+        self.pass_rate_filter = PassRateFilter.of(pass_rate_filter)  # settings are checked before anything loads
+        self.pass_rates: torch.Tensor | None = None  # [all prepared queries] the filter's rates, once measured
 
     # -- data ------------------------------------------------------------------------------------------------------
 
@@ -243,6 +269,7 @@ class QueryDataModule(LightningDataModule):
         self.prepare_queries()
         if fitting:  # a reward that needs golds meets data without them before the reference model loads
             check_golds(self.data, training_reward(trainer))
+            self.filter_by_pass_rate(trainer, self.reference_dtype(module, strategy), strategy)
         if building:
             self.attach_cache(self.build_or_load_cache(strategy=strategy, module=module))
         if fitting:  # made for this fit's module, also when the cache was set up before it
@@ -250,6 +277,44 @@ class QueryDataModule(LightningDataModule):
             self.query_weights = (
                 algorithm.query_weight_table(self.cache.nll) if isinstance(algorithm, Algorithm) else None
             )
+
+    def filter_by_pass_rate(self, trainer, dtype: str, strategy=None) -> None:
+        """Apply `pass_rate_filter` (once): measure (or load) each query's pass rate under the initial policy with
+        the rollout callback's reward, sampling settings and correctness threshold on a transformers engine, and
+        keep the queries in the band.
+
+        Raises:
+            ValueError when the trainer has no rollout callback to take the reward from.
+        """
+        settings = self.pass_rate_filter
+        if settings is None or self.pass_rates is not None:
+            return
+        training = training_sampler(trainer)
+        if training is None:
+            raise ValueError(
+                "data.pass_rate_filter grades with the rollout callback's reward, and this trainer has no "
+                "RolloutCallback: add one, or remove data.pass_rate_filter"
+            )
+        data = self.data
+        fingerprint = pass_rate_fingerprint(self.model_path, data, reward_name(training.reward), settings)
+        path = PASS_RATE_ROOT / f"{fingerprint_digest_of(fingerprint)}.json"
+
+        def measure() -> torch.Tensor:
+            report(f"measuring the pass rate of {len(data.queries)} queries ({settings.samples} samples each)")
+            device = self.cache_device or (strategy.root_device if strategy is not None else None)
+            sampler = RolloutSampler(
+                HFEngine(), training.reward, training.settings, self.tokenizer, training.correct_threshold
+            )
+            sampler.setup(load_reference_model(self.model_path, dtype, device))
+            return pass_rates(data, sampler, settings)
+
+        rates, loaded = load_or_compute_rates(path, fingerprint, measure)
+        self.pass_rates = rates
+        self.data = keep_band(data, rates, settings)
+        report(
+            f"pass-rate filter [{settings.low}, {settings.high}]: kept {len(self.data.queries)} of {len(rates)} "
+            f"queries (rates {'loaded from' if loaded else 'written to'} {path})"
+        )
 
     def attach_cache(self, cache: ReferenceLogprobCache) -> None:
         """Serve `cache` as the reference log-probs and NLL of this run's queries."""
@@ -469,6 +534,11 @@ def policy_compute_dtype(module=None, strategy=None) -> str | None:
         return str(mixed)
     dtype = hparams.get("dtype")
     return None if dtype is None else str(dtype)
+
+
+def fingerprint_digest_of(fingerprint: dict) -> str:
+    """A short name for a fingerprint dict: the first 16 hex digits of its JSON's sha256."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:
