@@ -22,6 +22,10 @@ A list given on the command line (`--data.train "[{path: x.jsonl}]"`) replaces t
 Errors print as one line plus a hint, parse errors (a choice typo) included; `ERPO_DEBUG=1` or `--debug` shows the
 traceback (`erpo_lightning.errors`).
 
+Flags must be written in full (no argparse prefixes); a misspelt flag or `class_path` option is named with the
+closest valid one. A logger that sets no `save_dir` writes under `trainer.default_root_dir`
+(`place_loggers_under_root_dir`), so that one flag moves a run's logs and checkpoints.
+
 `fit` also: resolves `--ckpt_path last / last_or_none` (`checkpointing.resolve_resume_path`); refuses a resume whose
 settings differ from the checkpoint's run except `resume_config.RESUMABLE_FIELDS` (each checkpoint holds its run's
 config); refuses a fresh run in a checkpoint folder that holds an earlier run's checkpoints
@@ -34,7 +38,9 @@ on SIGTERM / SIGUSR1 and exits 128 + the signal (Ctrl-C: 130).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
+import inspect
 import os
 import re
 import signal
@@ -46,51 +52,71 @@ from typing import Any
 # Colocated vLLM must run in this process (weights are pushed into its worker in place); set before vLLM loads.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import yaml  # noqa: E402
-from jsonargparse import Namespace  # noqa: E402
-from jsonargparse._common import debug_mode_active  # noqa: E402
-from lightning.fabric.plugins import CheckpointIO  # noqa: E402
-from lightning.pytorch import Trainer  # noqa: E402
-from lightning.pytorch.callbacks import ProgressBar  # noqa: E402
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
-from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
 
-from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
-from erpo_lightning.callbacks.completions import SampledCompletions  # noqa: E402
-from erpo_lightning.callbacks.final_checkpoint import FinalStepCheckpoint  # noqa: E402
-from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
-from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, stderr_is_terminal  # noqa: E402
-from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
-from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback  # noqa: E402
-from erpo_lightning.checkpointing import (  # noqa: E402
-    AtomicCheckpointIO,
-    RunDirectoryLock,
-    check_fresh_run_folders,
-    read_checkpoint,
-    resolve_resume_path,
-    run_folders,
-)
-from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
-from erpo_lightning.data.datamodule import check_data_settings  # noqa: E402
-from erpo_lightning.data.prepare import carried_columns  # noqa: E402
-from erpo_lightning.data.sources import parser_unknown_key_line, resolve_spec  # noqa: E402
-from erpo_lightning.data.step_memory import check_fit_memory  # noqa: E402
-from erpo_lightning.errors import (  # noqa: E402
-    SettingsError,
-    debug_requested,
-    parser_error_line,
-    quiet_known_warnings,
-    run_reporting_errors,
-)
-from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: E402
-from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
-from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
-from erpo_lightning.modules.lora import adapter_parameters_before_loading  # noqa: E402
-from erpo_lightning.modules.settings import check_module_settings, check_trainer_precision  # noqa: E402
-from erpo_lightning.objectives import check_group_size  # noqa: E402
-from erpo_lightning.resume_config import RunConfigRecorder, check_checkpoint_model, check_resume_config  # noqa: E402
-from erpo_lightning.rewards.combined import check_reward_inputs  # noqa: E402
-from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402
+def report_outside_environment(error: ModuleNotFoundError) -> None:
+    """Exit with one line when `erpo` runs in a Python that lacks the project's dependencies (outside `.venv`): the
+    import traceback says which module, not what to do. Imported as a library, the error is raised as it is."""
+    running_cli = __name__ == "__main__" or Path(sys.argv[0]).name == "erpo"
+    if not running_cli or (error.name or "").startswith("erpo_lightning"):
+        raise error
+    print(
+        f"erpo: error: {error} in {sys.executable}: erpo runs in the project's environment; use .venv/bin/erpo (or "
+        "activate .venv), or create the environment with `make env`",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(1)
+
+
+try:
+    import yaml  # noqa: E402
+    from jsonargparse import Namespace  # noqa: E402
+    from jsonargparse._common import debug_mode_active  # noqa: E402
+    from jsonargparse._util import import_object  # noqa: E402
+    from lightning.fabric.plugins import CheckpointIO  # noqa: E402
+    from lightning.pytorch import Trainer  # noqa: E402
+    from lightning.pytorch.callbacks import ProgressBar  # noqa: E402
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+    from lightning.pytorch.utilities.imports import _RICH_AVAILABLE  # noqa: E402
+
+    from erpo_lightning.algorithms import Algorithm, resolve_algorithm  # noqa: E402
+    from erpo_lightning.callbacks.completions import SampledCompletions  # noqa: E402
+    from erpo_lightning.callbacks.final_checkpoint import FinalStepCheckpoint  # noqa: E402
+    from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
+    from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, stderr_is_terminal  # noqa: E402
+    from erpo_lightning.callbacks.rollout import RolloutCallback, check_rollout_settings  # noqa: E402
+    from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback  # noqa: E402
+    from erpo_lightning.checkpointing import (  # noqa: E402
+        AtomicCheckpointIO,
+        RunDirectoryLock,
+        check_fresh_run_folders,
+        read_checkpoint,
+        resolve_resume_path,
+        run_folders,
+    )
+    from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
+    from erpo_lightning.data.datamodule import check_data_settings  # noqa: E402
+    from erpo_lightning.data.prepare import carried_columns  # noqa: E402
+    from erpo_lightning.data.sources import parser_unknown_key_line, resolve_spec  # noqa: E402
+    from erpo_lightning.data.step_memory import check_fit_memory  # noqa: E402
+    from erpo_lightning.errors import (  # noqa: E402
+        SettingsError,
+        debug_requested,
+        parser_error_line,
+        quiet_known_warnings,
+        run_reporting_errors,
+    )
+    from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: E402
+    from erpo_lightning.gguf import is_gguf, resolve_model_path  # noqa: E402
+    from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
+    from erpo_lightning.modules.lora import adapter_parameters_before_loading  # noqa: E402
+    from erpo_lightning.modules.settings import check_module_settings, check_trainer_precision  # noqa: E402
+    from erpo_lightning.objectives import check_group_size  # noqa: E402
+    from erpo_lightning.resume_config import RunConfigRecorder, check_checkpoint_model, check_resume_config  # noqa: E402
+    from erpo_lightning.rewards.combined import check_reward_inputs  # noqa: E402
+    from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402
+except ModuleNotFoundError as missing:
+    report_outside_environment(missing)
 
 # Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
 # they replace it instead (each such flag is preceded by `<flag>=[]`).
@@ -110,12 +136,122 @@ class ERPOArgumentParser(LightningArgumentParser):
 
     The error is raised as a SettingsError, which `run_reporting_errors` prints as `erpo: error: <line>` plus the
     hint, exit status 2 as before; `erpo <subcommand> --help` still lists every option.
+    Abbreviated flags are refused: argparse would read `--model.learning_rat 5` as `--model.learning_rate 5`, and a
+    typo of a longer key would silently set it. The subcommand parsers and the nested parsers jsonargparse builds for
+    `class_path` values are of this class too, so the rule holds at every depth.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or debug_mode_active():  # jsonargparse's own callers expect its exception
             return super().error(message, ex)
-        raise SettingsError(parser_unknown_key_line(message) or parser_error_line(message))
+        line = (
+            unknown_flag_line(message, option_strings(self))
+            or parser_unknown_key_line(message)  # a source's keys: before the generic group and class lines
+            or unknown_group_key_line(message, option_strings(self))
+            or unknown_option_line(message)
+            or parser_error_line(message)
+        )
+        raise SettingsError(with_newcomer_hint(line))
+
+
+def option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every `--flag` of `parser` and of its subcommands' parsers (a misspelt flag is reported by the top parser)."""
+    found = []
+    for action in parser._actions:
+        found += [option for option in action.option_strings if option.startswith("--")]
+        for subparser in (getattr(action, "choices", None) or {}).values():
+            if isinstance(subparser, argparse.ArgumentParser):
+                found += option_strings(subparser)
+    return found
+
+
+def unknown_flag_line(message: str, known: list[str]) -> str | None:
+    """`unrecognized arguments: --rollout.temprature 0.5` with the closest flag for each unknown one, or None for
+    another message."""
+    if not message.startswith("unrecognized arguments:"):
+        return None
+    unknown = [arg.split("=", 1)[0] for arg in message.split(":", 1)[1].split() if arg.startswith("--")]
+    if not unknown:
+        return None
+    hints = []
+    for flag in unknown:
+        close = difflib.get_close_matches(flag, sorted(set(known)), n=1, cutoff=0.75)
+        hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+    return f"unknown option {', '.join(hints)}; `erpo <subcommand> --help` lists every option"
+
+
+_GROUP_KEY = re.compile(r"Group '(?P<group>[\w.]+)' does not accept option '(?P<key>[^']+)'")
+
+
+def unknown_group_key_line(message: str, known: list[str]) -> str | None:
+    """jsonargparse's `Group 'model' does not accept option 'learning_rat'` (a misspelt key in a config file) with the
+    closest key of that group, or None for another message."""
+    found = _GROUP_KEY.search(message)
+    if found is None:
+        return None
+    prefix = f"--{found['group']}."
+    keys = sorted({flag.removeprefix(prefix) for flag in known if flag.startswith(prefix)})
+    close = difflib.get_close_matches(found["key"], keys, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{found['group']}: unknown key {found['key']!r}{hint}; `erpo <subcommand> --help` lists every option"
+
+
+_CLASS_OPTION = re.compile(r"Option '(?P<option>[^']+)' is not accepted")
+# jsonargparse names the class as `class_path 'x.Y':` in a union's errors, as `class_path='x.Y'` in the given value.
+_CLASS_PATH = re.compile(r"class_path\s?[=]?\s?'(?P<owner>[\w.]+)'")
+
+
+def unknown_option_line(message: str) -> str | None:
+    """One line for an init argument a `class_path` class does not take (`--rollout.reward.init_args.num_work`),
+    naming the closest one it takes; None for another message."""
+    found, owner_name = _CLASS_OPTION.search(message), _CLASS_PATH.search(message)
+    if found is None or owner_name is None:
+        return None
+    try:
+        owner = import_object(owner_name["owner"])
+        if dataclasses.is_dataclass(owner):  # a settings dataclass (model.peft): `parser_error_line` names its fields
+            return None
+        names = [name for name in inspect.signature(owner).parameters if name not in ("args", "kwargs")]
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    key = re.search(r'Parser key "([^"]+)":', message)
+    where = f"{key.group(1)}: " if key else ""
+    close = difflib.get_close_matches(found["option"], names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{where}{owner_name['owner']} takes no option {found['option']!r}{hint}; options: {', '.join(names)}"
+
+
+# Packages of this project's environment: a missing module among them is a broken install, not a user's module.
+_INSTALLED_TOP_LEVEL = {"erpo_lightning", "lightning", "torch", "transformers", "vllm", "peft", "datasets"}
+
+
+# The command that prepares SmolLM2 and prints its folder (configs/smollm2_*.yaml leave model.model_path unset).
+REAL_MODEL_PATH = '--model.model_path "$(.venv/bin/python -m erpo_lightning.real_model)"'
+
+
+def with_newcomer_hint(line: str) -> str:
+    """`line` with what to do added where the parser's words do not say it: an unset model path, a class_path whose
+    module cannot be imported."""
+    if re.match(r"model\.model_path: Expected a <class 'str'>\. Got value: None", line):
+        return (
+            "model.model_path is required: this config names no model; add --model.model_path <model folder or Hub "
+            f"id>. For configs/smollm2_*.yaml, `make real-model` prints the folder, or add {REAL_MODEL_PATH}"
+        )
+    missing = re.search(r"No module named '([\w.]+)'", line)
+    if missing and missing.group(1).split(".")[0] not in _INSTALLED_TOP_LEVEL:
+        class_path = _CLASS_PATH.search(line)
+        if class_path is not None:  # the key and the class, not the union's paragraph
+            line = f"{line.split(':', 1)[0]}: class_path {class_path['owner']!r}: {missing.group(0)}"
+        return (
+            f"{line}; a class_path naming a module of your own needs it importable: run from the folder that holds "
+            f"{missing.group(1).split('.')[0]}.py with PYTHONPATH=. (e.g. `PYTHONPATH=. .venv/bin/erpo fit ...`), or "
+            "install it into the environment"
+        )
+    return line
 
 
 class ERPOLightningTrainer(Trainer):
@@ -221,14 +357,23 @@ class ERPOCLI(LightningCLI):
         """Check the config files (no key given twice, every top-level key known), then parse with command-line
         lists replacing the files' lists."""
         args = list(sys.argv[1:] if args is None else args)
-        subcommand = next((arg for arg in args if arg in self._subcommand_parsers), None)
+        parsers = getattr(self, "_subcommand_parsers", {})  # none with run=False: one parser, no subcommand
+        subcommand = next((arg for arg in args if arg in parsers), None)
         if subcommand is not None:
-            known = {action.dest.split(".")[0] for action in self._subcommand_parsers[subcommand]._actions}
+            known = {action.dest.split(".")[0] for action in parsers[subcommand]._actions}
             for path in _config_files(args[args.index(subcommand) + 1 :]):
                 check_repeated_keys(path)
                 check_top_level_keys(path, known)
             check_moved_keys(args[args.index(subcommand) + 1 :])
-        self.config = parser.parse_args(_replacing_lists(_joined_negative_numbers(args)))
+        # Validated after the loggers are placed: a logger left without a save_dir is valid once it follows the root.
+        self.config = parser.parse_args(_replacing_lists(_joined_negative_numbers(args)), _skip_validation=True)
+        config = self.config if subcommand is None else self.config[subcommand]
+        check_logger_flags(args, config)
+        place_loggers_under_root_dir(config)
+        try:
+            parser.validate(self.config)
+        except (TypeError, KeyError, ValueError) as error:
+            parser.error(str(error), error)
 
     def validate(self, **kwargs: Any) -> list[dict[str, float]]:
         """`erpo validate`: `ERPOLightningTrainer.validate`, sampling with the `rollout:` group's sampler."""
@@ -416,6 +561,51 @@ def check_moved_keys(args: list[str]) -> None:
     for key in given:
         if key in MOVED_KEYS:
             raise SettingsError(f"{key} has moved: w(q) is the algorithm's, set {MOVED_KEYS[key]}")
+
+
+def logger_entries(config: Namespace) -> list[Namespace]:
+    """The configured loggers of `trainer.logger` (one or a list) as `class_path` / `init_args` namespaces; none when
+    it is a bool (True: Lightning's own CSV logger, already under default_root_dir) or unset."""
+    value = config.get("trainer", Namespace()).get("logger")
+    entries = value if isinstance(value, list) else [value]
+    return [entry for entry in entries if isinstance(entry, Namespace) and entry.get("class_path")]
+
+
+def place_loggers_under_root_dir(config: Namespace) -> None:
+    """Point every logger whose `save_dir` is not set (null, or left at its class's default) at
+    `trainer.default_root_dir`, so that one flag, `--trainer.default_root_dir`, moves a run's logs with its
+    checkpoints. MLflow's goes to `<root>/mlruns` unless a `tracking_uri` is given (which it would use instead)."""
+    root = config.get("trainer", Namespace()).get("default_root_dir") or "."
+    for entry in logger_entries(config):
+        try:
+            parameters = inspect.signature(import_object(entry.class_path)).parameters
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue  # the class cannot be imported: instantiating it will say so
+        if "save_dir" not in parameters:
+            continue
+        init_args = entry.get("init_args") or Namespace()
+        given, default = init_args.get("save_dir"), parameters["save_dir"].default
+        if given is not None and given != default:
+            continue
+        if "tracking_uri" in parameters:  # MLFlowLogger: its save_dir is a store only when no tracking_uri is given
+            if init_args.get("tracking_uri"):
+                continue
+            init_args.save_dir = str(Path(root) / "mlruns")
+        else:
+            init_args.save_dir = str(root)
+        entry.init_args = init_args
+
+
+def check_logger_flags(args: list[str], config: Namespace) -> None:
+    """A SettingsError for `--trainer.logger.init_args.X` when several loggers are configured: jsonargparse applies it
+    to the last one alone, so the others would silently keep their folders."""
+    flags = [arg.split("=", 1)[0] for arg in args if arg.startswith("--trainer.logger.init_args.")]
+    if flags and len(logger_entries(config)) > 1:
+        raise SettingsError(
+            f"{flags[0]} would change only the last of the {len(logger_entries(config))} configured loggers; to move "
+            "every logger (and the checkpoints), give --trainer.default_root_dir instead: a logger without a "
+            "save_dir of its own writes under it"
+        )
 
 
 def check_settings(config: Namespace, subcommand: str) -> None:

@@ -187,6 +187,13 @@ def _parquet_rows(path: Path, limit: int | None) -> Table:
     return Table([RawRow(number, None, row) for number, row in enumerate(table, start=1)], table.column_names)
 
 
+def where_relative(path: Path) -> str:
+    """For a relative `path`, where it was looked for: a newcomer who runs from another folder sees the cause."""
+    if path.is_absolute():
+        return ""
+    return f" (looked for {Path.cwd() / path}: a relative path is read from the working directory {Path.cwd()})"
+
+
 def read_local_file(path: Path, limit: int | None = None) -> Table:
     """The first `limit` rows (all when None) of a local `.jsonl`, `.json`, `.csv` or `.parquet` file.
 
@@ -194,7 +201,7 @@ def read_local_file(path: Path, limit: int | None = None) -> Table:
         DataError when the file is missing, unreadable, empty or not parseable as a whole.
     """
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file{where_relative(path)}")
     if path.suffix == ".parquet":
         table, what = _parquet_rows(path, limit), "a table without rows"
     else:
