@@ -200,7 +200,7 @@ def test_a_parse_error_is_one_line_not_the_usage(config, capsys, flag, value, ex
 
 
 SOURCE_KEYS = "valid keys: name, path, hub_id, config, split, data_files, problem_field, answer_field, id_field, "
-SOURCE_KEYS += "answer_transform, limit, label, hub, columns"
+SOURCE_KEYS += "answer_transform, limit, label, hub, columns, weight"
 
 
 def test_a_misspelt_source_key_is_one_line_naming_it_and_the_valid_keys(config, capsys, tmp_path):

@@ -109,3 +109,11 @@ def test_a_fit_trains_on_the_band_only_and_caches_the_rates(tiny_model_path, tmp
     assert len(data.cache) == len(expected)  # the reference cache covers the kept queries only
     (written,) = (tmp_path / "rates").iterdir()
     assert json.loads(written.read_text())["rates"] == rates.tolist()
+
+
+def test_the_saved_hyperparameters_hold_the_filter_as_plain_data(tiny_model_path):
+    data = QueryDataModule(str(tiny_model_path), [{"path": "q.jsonl"}], pass_rate_filter=PassRateFilter(low=0.1))
+    assert data.hparams["pass_rate_filter"] == {
+        "low": 0.1, "high": 1.0, "samples": 8, "temperature": 1.0, "max_new_tokens": None, "batch_size": 64, "seed": 0
+    }  # fmt: skip
+    assert data.pass_rate_filter == PassRateFilter(low=0.1)

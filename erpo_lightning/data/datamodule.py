@@ -10,13 +10,11 @@ LightningModule takes `datamodule.cache` for the per-token reference log-probs o
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import sys
 import warnings
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +45,7 @@ from erpo_lightning.data.pass_rate import (
     load_or_compute_rates,
     pass_rate_fingerprint,
     pass_rates,
+    rates_file_name,
 )
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat, check_golds, prepare_queries
 from erpo_lightning.data.query_scoring import QueryScoringLayout
@@ -214,8 +213,10 @@ class QueryDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if train:
-            self.hparams["train"] = [in_memory_note(source) for source in train]
+        if self.hparams.get("train"):  # as saved: the CLI's config values (dicts), or the objects given in Python
+            self.hparams["train"] = [in_memory_note(source) for source in self.hparams["train"]]
+        if isinstance(self.hparams.get("pass_rate_filter"), PassRateFilter):  # plain data in checkpoints
+            self.hparams["pass_rate_filter"] = asdict(self.hparams["pass_rate_filter"])
         check_data_settings(self.hparams)
         self.model_path = model_path
         self.sources = list(train or [])
@@ -297,7 +298,7 @@ class QueryDataModule(LightningDataModule):
             )
         data = self.data
         fingerprint = pass_rate_fingerprint(self.model_path, data, reward_name(training.reward), settings)
-        path = PASS_RATE_ROOT / f"{fingerprint_digest_of(fingerprint)}.json"
+        path = PASS_RATE_ROOT / rates_file_name(fingerprint)
 
         def measure() -> torch.Tensor:
             report(f"measuring the pass rate of {len(data.queries)} queries ({settings.samples} samples each)")
@@ -534,11 +535,6 @@ def policy_compute_dtype(module=None, strategy=None) -> str | None:
         return str(mixed)
     dtype = hparams.get("dtype")
     return None if dtype is None else str(dtype)
-
-
-def fingerprint_digest_of(fingerprint: dict) -> str:
-    """A short name for a fingerprint dict: the first 16 hex digits of its JSON's sha256."""
-    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:

@@ -113,6 +113,11 @@ def pass_rate_fingerprint(model_path: str, data: PreparedQueries, reward_name: s
     }
 
 
+def rates_file_name(fingerprint: dict) -> str:
+    """The name of the file holding the rates of `fingerprint`: the first 16 hex digits of its sha256, `.json`."""
+    return f"{_json_hash(fingerprint)[:16]}.json"
+
+
 def load_or_compute_rates(path: Path, fingerprint: dict, compute) -> tuple[torch.Tensor, bool]:
     """The rates stored at `path` when its fingerprint is `fingerprint`, else `compute()`'s, written there (to a
     temporary file, renamed). Returns (rates, whether they were loaded)."""
