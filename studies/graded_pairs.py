@@ -46,8 +46,8 @@ class GradedPairsReward(MathReward):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
 
-    def grade(self, responses: list[str], golds: list[str]) -> list[Verdict]:
-        verdicts = super().grade(responses, golds)
+    def grade(self, responses: list[str], golds: list[str], problems: list[str] | None = None) -> list[Verdict]:
+        verdicts = super().grade(responses, golds, problems)
         rows = [
             [response, gold, verdict.correct, verdict.status, list(verdict.conventions)]
             for response, gold, verdict in zip(responses, golds, verdicts, strict=True)

@@ -461,7 +461,8 @@ class QueryDataModule(LightningDataModule):
             return replace(cache, layout=self.scoring_layout())
 
         check_writable(directory, chunk_dir)  # a read-only folder is refused before the model loads
-        lock_cache_build(directory)  # and so is a second process building this folder's cache meanwhile
+        if rank == 0:  # and so is a second job building this folder's cache meanwhile (its ranks build together)
+            lock_cache_build(directory)
         with StopOnSignals(chunk_dir) as stop:  # SIGTERM / SIGUSR1: finished chunks kept, nothing partial
             model = self._reference_engine(world_size, strategy, dtype)
             policy = policy_compute_dtype(module, strategy)

@@ -19,8 +19,10 @@ def test_each_call_is_logged_with_its_verdicts_and_a_restated_problem_is_counted
     log = tmp_path / "not_yet" / "graded.jsonl"  # the folder is made at construction
     reward = GradedPairsReward(log_path=str(log), num_workers=0, preset="lenient")
     responses = ["0 + 2 + 8", "The answer is 10.", "The answer is 8 + 6 - 3 = 11.", "The answer is 12."]
-    assert reward(responses, ["10", "10", "11", "11"]) == [1.0, 1.0, 1.0, 0.0]
-    assert reward(["0 + 2 + 8"], ["10"]) == [1.0]
+    # Given the problems, as the rollout gives them: "0 + 2 + 8" restates its problem, which only lenient pays.
+    problems = ["Compute 0 + 2 + 8.", "Compute 0 + 2 + 8.", "Compute 8 + 6 - 3.", "Compute 8 + 6 - 3."]
+    assert reward(responses, ["10", "10", "11", "11"], problems=problems) == [1.0, 1.0, 1.0, 0.0]
+    assert reward(["0 + 2 + 8"], ["10"], problems=problems[:1]) == [1.0]
     calls = summarize(log)
     assert [call["pairs"] for call in calls] == [4, 1]
     assert calls[0]["correct"] == 3
@@ -29,13 +31,15 @@ def test_each_call_is_logged_with_its_verdicts_and_a_restated_problem_is_counted
     assert calls[0]["conventions_of_correct"]["equation_right_side"] == 1
     assert [list(pair) for pair in calls[1]["common_responses"]] == [["0 + 2 + 8", 1]]
     strict = GradedPairsReward(log_path=str(tmp_path / "strict.jsonl"), num_workers=0)
-    assert strict(responses, ["10", "10", "11", "11"]) == [0.0, 1.0, 0.0, 0.0]
+    assert strict(responses, ["10", "10", "11", "11"], problems=problems) == [0.0, 1.0, 0.0, 0.0]
     assert summarize(tmp_path / "strict.jsonl")[0]["correct_only_by_lenient_conventions"] == 0
 
 
 def test_summary_command_prints_json(tmp_path):
     log = tmp_path / "graded.jsonl"
-    GradedPairsReward(log_path=str(log), num_workers=0, preset="lenient")(["3 + 1 + 6"], ["10"])
+    GradedPairsReward(log_path=str(log), num_workers=0, preset="lenient")(
+        ["3 + 1 + 6"], ["10"], problems=["Compute 3 + 1 + 6."]
+    )
     out = subprocess.run(
         [sys.executable, "-m", "studies.graded_pairs", str(log)],
         capture_output=True, text=True, check=True, cwd=ROOT,
