@@ -33,7 +33,7 @@ test-heavy: env
 
 # The edit-run loop: everything but the vLLM, multi-process and end-to-end tests (markers in pyproject.toml).
 test-fast: env
-	.venv/bin/python -m pytest -q tests -m "not slow and not vllm and not distributed" $(XDIST)
+	.venv/bin/python -m pytest -q tests -m "not slow and not vllm and not distributed" $(XDIST) --durations=10
 
 lint: env
 	.venv/bin/ruff check .

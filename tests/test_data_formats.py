@@ -216,6 +216,7 @@ def training_sources(case: str, tmp_path: Path) -> list:
     return [{"path": str(first), "weight": 3.0}, {"path": str(second), "weight": 1.0}]
 
 
+@pytest.mark.slow  # four 2-step fits: end to end, so out of the `make test-fast` loop
 @pytest.mark.parametrize("case", ["messages", "no_gold", "in_memory", "weighted"])
 def test_each_data_format_trains(case, tiny_model_path, tmp_path):
     data = QueryDataModule(

@@ -92,6 +92,7 @@ def test_a_bad_setting_is_refused_when_the_module_is_built(tiny_model_path, sett
         QueryDataModule(str(tiny_model_path), [{"path": "q.jsonl"}], pass_rate_filter=setting)
 
 
+@pytest.mark.slow  # a fit end to end: out of the `make test-fast` loop
 def test_a_fit_trains_on_the_band_only_and_caches_the_rates(tiny_model_path, tmp_path, monkeypatch):
     monkeypatch.setattr(datamodule_module, "PASS_RATE_ROOT", tmp_path / "rates")
     path = write_queries(tmp_path)
