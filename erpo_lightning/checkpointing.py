@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import socket
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +27,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from erpo_lightning import holder_locks
 from erpo_lightning.errors import SettingsError
 
 PARTIAL_SUFFIX = ".partial"  # not `.ckpt`: Lightning's search for `last*.ckpt` never picks one
@@ -270,39 +270,25 @@ class RunDirectoryLock:
 
     def acquire(self) -> RunDirectoryLock:
         """Lock every folder, or raise RunDirectoryInUse naming the holder; returns self."""
-        import fcntl
-
         for folder in self.folders:
             folder.parent.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(lock_path(folder), os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(descriptor, 4096, 0).decode(errors="replace").split()
-                os.close(descriptor)
+            descriptor, holder = holder_locks.take(lock_path(folder))
+            if descriptor is None:
                 self.release()
-                who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
                 raise RunDirectoryInUse(
-                    f"{folder} is in use by another erpo run ({who}): two runs would interleave their checkpoints "
-                    "and logs there; wait for it to end, or give this run its own folder (ModelCheckpoint dirpath, "
-                    "trainer.default_root_dir or the logger's save_dir / version)"
-                ) from None
-            previous = os.pread(descriptor, 4096, 0).decode(errors="replace").split()
-            if len(previous) >= 2:
-                self.taken_over.append(f"{folder} (pid {previous[0]} on {previous[1]})")
-            os.ftruncate(descriptor, 0)
-            os.pwrite(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+                    f"{folder} is in use by another erpo run ({holder_locks.holder_name(holder)}): two runs would "
+                    "interleave their checkpoints and logs there; wait for it to end, or give this run its own folder "
+                    "(ModelCheckpoint dirpath, trainer.default_root_dir or the logger's save_dir / version)"
+                )
+            if len(holder) >= 2:
+                self.taken_over.append(f"{folder} ({holder_locks.holder_name(holder)})")
             self._held.append(descriptor)
         return self
 
     def release(self) -> None:
         """Empty and unlock every held file (idempotent)."""
-        import fcntl
-
         for descriptor in self._held:
-            os.ftruncate(descriptor, 0)
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-            os.close(descriptor)
+            holder_locks.release(descriptor)
         self._held = []
 
 

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from erpo_lightning import holder_locks
 from erpo_lightning.data.query_scoring import QueryScoringLayout
 
 SCORES_FILE = "scores.safetensors"
@@ -304,41 +304,27 @@ def lock_cache_build(directory: str | Path) -> None:
     Raises:
         CacheBuildInProgress naming the folder, the holder and what to do.
     """
-    import fcntl
-
     directory = Path(directory).resolve()
     if not _first_process() or directory in _BUILD_LOCKS:
         return
     try:
-        descriptor = os.open(build_lock_path(directory), os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor, holder = holder_locks.take(build_lock_path(directory))
     except OSError:
         return  # a read-only parent of a writable cache folder: build unguarded, as before the lock existed
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(descriptor, 4096, 0).decode(errors="replace").split()
-        os.close(descriptor)
-        who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
+    if descriptor is None:
         raise CacheBuildInProgress(
-            f"{directory}: another erpo process ({who}) is building the reference score cache in this folder; wait "
-            "for it to finish and run again (the finished cache is then loaded, not rebuilt), or give this run "
-            "another data.cache_dir"
-        ) from None
-    os.ftruncate(descriptor, 0)
-    os.pwrite(descriptor, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            f"{directory}: another erpo process ({holder_locks.holder_name(holder)}) is building the reference score "
+            "cache in this folder; wait for it to finish and run again (the finished cache is then loaded, not "
+            "rebuilt), or give this run another data.cache_dir"
+        )
     _BUILD_LOCKS[directory] = descriptor
 
 
 def release_cache_build(directory: str | Path) -> None:
     """Empty and unlock the build lock of `directory` if this process holds it (otherwise nothing happens)."""
-    import fcntl
-
     descriptor = _BUILD_LOCKS.pop(Path(directory).resolve(), None)
-    if descriptor is None:
-        return
-    os.ftruncate(descriptor, 0)
-    fcntl.flock(descriptor, fcntl.LOCK_UN)
-    os.close(descriptor)
+    if descriptor is not None:
+        holder_locks.release(descriptor)
 
 
 def check_writable(*folders: Path) -> None:
