@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny Qwen2 model built locally (no hub), the packaged benchmark files, and one healthy toy run;
 and how `make test` splits the suite between its two pytest-xdist workers (`pytest_collection_modifyitems`)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,15 @@ def benchmarks_dir() -> Path:
 @pytest.fixture(scope="session")
 def healthy_toy_run(tmp_path_factory):
     """A healthy toy run (tests/helpers/healthy_run.py): one 12-step `erpo fit` whose logs, completions, progress
-    lines and checkpoint the tests that only read an artifact share. Read it; copy before changing anything."""
-    from helpers.healthy_run import run_healthy
+    lines and checkpoint the tests that only read an artifact share. Read it; copy before changing anything.
 
-    return run_healthy(tmp_path_factory.mktemp("healthy_toy_run"))
+    Under pytest-xdist the workers of a session share it: it lives beside their own temporary folders, and the first
+    worker to ask trains it (`shared_healthy_run`)."""
+    from helpers.healthy_run import run_healthy, shared_healthy_run
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return run_healthy(tmp_path_factory.mktemp("healthy_toy_run"))
+    return shared_healthy_run(tmp_path_factory.getbasetemp().parent / "healthy_toy_run")
 
 
 # Files with a test that starts a vLLM engine or several processes over gloo: they run one after another on one

@@ -261,15 +261,18 @@ def hf_run(tmp_path_factory) -> LoraRun:
     return lora_fit(tmp_path_factory.mktemp("lora_hf"))
 
 
+@pytest.mark.slow  # end-to-end: the module's 3-step LoRA fit
 def test_a_3_step_run_with_the_hf_engine_trains_only_the_adapters(hf_run):
     check_only_the_adapters_trained(hf_run)
 
 
+@pytest.mark.slow  # reads the module's 3-step LoRA fit
 def test_the_full_fine_tuning_reference_cache_is_reused(hf_run):
     assert "loaded reference scores" in hf_run.output
     assert "computing reference scores" not in hf_run.output
 
 
+@pytest.mark.slow  # reads the module's 3-step LoRA fit
 def test_the_checkpoint_holds_the_adapters_optimizer_state_only(hf_run):
     checkpoint = torch.load(hf_run.checkpoint, map_location="cpu", weights_only=True)
     adapters = [value for name, value in checkpoint["state_dict"].items() if is_adapter(name)]
@@ -280,6 +283,7 @@ def test_the_checkpoint_holds_the_adapters_optimizer_state_only(hf_run):
     assert all(s["exp_avg_sq"].abs().max() > 0 for s in state)  # every adapter was stepped
 
 
+@pytest.mark.slow  # the module's 3-step LoRA fit, then `erpo export`
 def test_export_writes_the_merged_model_and_the_adapter(hf_run, tmp_path):
     from peft import PeftModel
 
@@ -326,6 +330,7 @@ def test_a_3_step_run_with_the_vllm_engine_samples_from_the_merged_adapters(tmp_
 
 
 # ------------------------------------------------------------------------------------ resume, DDP / FSDP2, TRL
+@pytest.mark.slow  # end-to-end: a fit, a stop and a resume
 def test_resume_continues_identically_with_adapters(tiny_model_path, benchmarks_dir, tmp_path):
     lora = {"peft": LoraSettings(**LORA)}
     weights = resumed_equals_full_run(tiny_model_path, benchmarks_dir / "gsm8k.jsonl", tmp_path, module_kwargs=lora)

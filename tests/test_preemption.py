@@ -34,6 +34,7 @@ class SignalAt(pl.Callback):
             os.kill(os.getpid(), getattr(signal, self.signal_name))
 
 
+@pytest.mark.slow  # end-to-end: a fit, a SIGTERM and a resume
 def test_sigterm_saves_the_step_in_progress_and_resuming_from_it_is_exact(tiny_model_path, benchmarks_dir, tmp_path):
     data_file = benchmarks_dir / "gsm8k.jsonl"
     full_steps, full_weights = run(tiny_model_path, data_file, tmp_path / "full", 4)
@@ -65,6 +66,7 @@ def logged_rows(log_dir) -> dict[int, dict[str, float]]:
     return {int(row["step"]): {name: float(row[name]) for name in LOGGED} for row in rows}
 
 
+@pytest.mark.slow  # end-to-end: a fit, a SIGTERM and a resume
 def test_the_preempted_steps_metrics_are_logged_once(tiny_model_path, benchmarks_dir, tmp_path):
     """The preempted step's row reaches metrics.csv before the run stops, though `log_every_n_steps` (50) would not
     log it; the resumed run logs the steps after it, with the uninterrupted run's values."""
@@ -120,6 +122,7 @@ def test_a_sigterm_before_the_first_step_stops_after_it(tiny_model_path, benchma
     assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 1
 
 
+@pytest.mark.slow  # a cache build stopped and built again, in subprocesses
 @pytest.mark.parametrize("subcommand", ["cache", "fit"])
 def test_sigterm_during_the_cache_build_keeps_finished_chunks_writes_nothing_partial_and_exits_143(
     tmp_path, subcommand

@@ -7,6 +7,7 @@ from helpers.resume_runs import resumed_equals_full_run, run
 from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 
+@pytest.mark.slow  # end-to-end: a fit, a stop and a resume
 @pytest.mark.parametrize("rollout_seed", [0, None], ids=["seeded", "unseeded"])  # unseeded: the saved RNG state
 def test_resume_mid_epoch_continues_identically(tiny_model_path, benchmarks_dir, tmp_path, rollout_seed):
     data_file = benchmarks_dir / "gsm8k.jsonl"

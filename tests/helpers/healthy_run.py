@@ -9,8 +9,11 @@ its files: one that needs to (the export test perturbs the checkpoint, the plot 
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 from erpo_lightning.toy import SHIPPED_DIR
 from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
@@ -19,6 +22,7 @@ STEPS = 12
 EVERY = 5  # steps between progress lines, and between sampled completions
 TRAIN_FILE = SHIPPED_DIR / "train.jsonl"
 TRAIN_ROWS = 16
+STDERR_FILE = "fit.stderr"  # the run's stderr, kept beside its files
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,25 @@ def run_healthy(root: Path) -> HealthyRun:
     config = write_config(root / "fit.yaml", healthy_run_config(root))
     result = run_erpo("fit", "--config", str(config), cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
+    (root / STDERR_FILE).write_text(result.stderr)
+    return read_healthy(root)
+
+
+def read_healthy(root: Path) -> HealthyRun:
+    """The finished healthy run under `root`, found by its files."""
     (metrics,) = (root / "logs").rglob("metrics.csv")
     (events,) = (root / "tb").rglob("events.out.tfevents.*")
     (checkpoint,) = root.rglob("*.ckpt")
-    return HealthyRun(root, metrics.parent, events.parent, checkpoint, result.stderr)
+    return HealthyRun(root, metrics.parent, events.parent, checkpoint, (root / STDERR_FILE).read_text())
+
+
+def shared_healthy_run(root: Path) -> HealthyRun:
+    """The healthy run under `root`, trained by whichever pytest-xdist worker asks first while the others wait: the
+    workers of one session share `root`, so the run is trained once per session, not once per worker."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(root.with_suffix(".lock")):
+        if (root / STDERR_FILE).exists():
+            return read_healthy(root)
+        shutil.rmtree(root, ignore_errors=True)  # a try that failed on another worker: start again from nothing
+        root.mkdir()
+        return run_healthy(root)
