@@ -1,24 +1,12 @@
 """Imports point up (docs/architecture.md, "Layers"): nothing below the callbacks imports callbacks/ or the CLI."""
 
-import ast
 import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.imports import PACKAGE, imported_modules
 
-PACKAGE = Path(__file__).parents[1] / "erpo_lightning"
-BELOW_CALLBACKS = ("modules", "data", "rollout", "evaluation", "objectives", "rewards")
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports, at any depth (imports inside functions included)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
+BELOW_CALLBACKS = ("modules", "update", "data", "rollout", "evaluation", "objectives", "rewards")
 
 
 def test_no_module_below_the_callbacks_imports_callbacks_or_the_cli():

@@ -6,9 +6,11 @@ a Query-KL monitor for any `GRPOTrainer` run.
                                       non-finite one (`trl_guards`)
     `_generate_and_score_completions` forms the advantages with the algorithm's estimator, and adds each row's θ0
                                       query scores, w(q), group leader flag and the step's global counts
-    `_compute_loss`                   one forward over [prompt; completion] through TRL's fused LM head with the
-                                      prompt labels kept, then `objectives.rl_loss` with the resolved `Algorithm`
-                                      (and vLLM's sampling log-probs, for `rollout_correction`)
+    `_compute_loss`                   the update unit's loss of one micro-batch (`erpo_lightning.update`, as
+                                      `ERPOModule` runs it): the exact Query-KL pass, then one forward over
+                                      [prompt; completion] through TRL's fused LM head with the prompt labels kept
+                                      and `objectives.rl_loss` with the resolved `Algorithm` (and vLLM's sampling
+                                      log-probs, for `rollout_correction`)
 The θ0 scores of every training (and evaluation) prompt are computed in `__init__` (before any step) with the
 project's cache code, fingerprinted, written to `<output_dir>/erpo_reference` and read back on resume
 (`reference_scores.load_or_score`).
@@ -42,8 +44,8 @@ from erpo_lightning.integrations.trl_guards import (
 )
 from erpo_lightning.logprobs import position_ids_from_mask
 from erpo_lightning.modules.lora import peft_config_problem
-from erpo_lightning.modules.query_pass import exact_query_kl, step_query_weights, unique_prompts
 from erpo_lightning.modules.settings import QueryKLScoring
+from erpo_lightning.update import LossRows, micro_batch_loss, query_pass_term, step_query_weights
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]
 
@@ -358,8 +360,22 @@ class ERPOTrainer(GRPOTrainer):
             self._metrics[mode]["query_kl/weight_max"].append(high.item())
 
     # ------------------------------------------------------------------------------------------------ the loss
+    def _fused_forward(self, model, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The update's `Forward` through TRL's fused LM head, with the prompt labels kept (Query-KL needs them):
+        [N, P + R] log-probs and entropies at T = 1, column 0 unscored."""
+        labels = rows.input_ids.masked_fill(rows.attention_mask == 0, -100)
+        with self.accelerator.autocast():
+            out = model(
+                input_ids=rows.input_ids, attention_mask=rows.attention_mask, labels=labels, fused_lm_head=True,
+                position_ids=position_ids_from_mask(rows.attention_mask),
+            )  # fmt: skip
+        # Column t = log p(token t | tokens < t); column 0 has no context and is never scored.
+        entropy = None if out.entropy is None else torch.nn.functional.pad(out.entropy.float(), (1, 0))
+        return torch.nn.functional.pad(out.log_probs.float(), (1, 0)), entropy
+
     def _compute_loss(self, model, inputs):
-        """`objectives.rl_loss` of one micro-batch, scored by one forward whose fused head covers the prompt too.
+        """The update's loss of one micro-batch (`update.query_pass_term`, then `update.micro_batch_loss` scored by
+        one forward whose fused head covers the prompt too).
 
         Rows: N = micro-batch rows, P = padded prompt width, R = padded completion width. Divided by the step's
         global counts, so the micro-batch losses of an optimizer step sum to the step's loss on every process
@@ -367,55 +383,39 @@ class ERPOTrainer(GRPOTrainer):
         """
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_mask = inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, inputs["completion_ids"]], dim=1)  # [N, P + R]
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        labels = input_ids.masked_fill(attention_mask == 0, -100)  # prompt labels kept: Query-KL needs them
-        with self.accelerator.autocast():
-            out = model(
-                input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True,
-                position_ids=position_ids_from_mask(attention_mask),
-            )  # fmt: skip
-        # Column t = log p(token t | tokens < t); column 0 has no context and is never scored.
-        token_logprobs = torch.nn.functional.pad(out.log_probs.float(), (1, 0))
-        width = prompt_ids.shape[1]
-        query_lp, query_mask, response_lp, _ = obj.split_prompt_response(token_logprobs, attention_mask, width)
-        old = inputs.get("old_per_token_logps")
-        normalizers = {
-            name: inputs[f"erpo_count_{name}"] for name in ("tokens", "sequences", "queries", "query_tokens")
-        }
-        old = response_lp.detach() if old is None else old
-        sampling = inputs.get("sampling_per_token_logps")
-        if sampling is not None:  # vLLM gives NaN where it had no log-prob: ρ = 1 there, as in TRL
-            sampling = torch.where(sampling.isnan(), old, sampling)
-        elif self.algorithm.rollout_correction != "none":
+        sampling = inputs.get("sampling_per_token_logps")  # vLLM's NaN where it had none: see micro_batch_loss
+        if sampling is None and self.algorithm.rollout_correction != "none":
             correction = self.algorithm.rollout_correction
             raise ValueError(
                 f"ERPOTrainer: rollout_correction={correction!r} {_NO_SAMPLING_LOGPROBS}; this batch has none"
             )
         exact = self.query_kl_scoring == "exact"
-        loss, stats = obj.rl_loss(
-            self.algorithm, response_lp, old, inputs["advantages"],
-            completion_mask, None if exact else query_lp, inputs["erpo_ref_query_logprobs"], query_mask,
-            inputs["erpo_is_leader"],
-            seq_weights=inputs.get("erpo_query_weights") if self.algorithm.use_query_weights else None,
-            constant=self.max_completion_length, normalizers=normalizers, sampling_logprobs=sampling,
+        rows = LossRows(
+            torch.cat([prompt_ids, inputs["completion_ids"]], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
+            prompt_ids.shape[1], 1.0, completion_mask, inputs["advantages"], inputs["erpo_is_leader"],
+            inputs["erpo_cache_rows"], inputs.get("old_per_token_logps"), sampling,
+            inputs.get("erpo_query_weights"), None if exact else inputs["erpo_ref_query_logprobs"],
+            self.max_completion_length,
         )  # fmt: skip
+        normalizers = {
+            name: inputs[f"erpo_count_{name}"] for name in ("tokens", "sequences", "queries", "query_tokens")
+        }
+        term, drift = None, None
         if exact:
-            leaders = inputs["erpo_is_leader"]
             group = self.num_generations if self.model.training else self.num_generations_eval
             with self.accelerator.autocast():  # the cache's dtype: it was scored under the same autocast
-                term, drift = exact_query_kl(
-                    model, unique_prompts(prompt_ids, prompt_mask, leaders), inputs["erpo_cache_rows"][leaders].cpu(),
-                    group, self.reference_cache, self.algorithm, normalizers, None,
+                term, drift = query_pass_term(
+                    model, rows, group, self.reference_cache, self.algorithm, normalizers, None,
                     lambda count: int(self.accelerator.reduce(torch.tensor(count, device=prompt_ids.device), "max")),
-                    self.max_completion_length,
                 )  # fmt: skip
+        loss, stats = micro_batch_loss(model, rows, self.algorithm, normalizers, forward=self._fused_forward)
+        if exact:
             loss, stats = loss + term, replace(stats, query_drift=drift)
-        self._log_loss_metrics(stats, out.entropy, completion_mask, width)
+        self._log_loss_metrics(stats, completion_mask)
         return loss * (self.accelerator.num_processes if self.model.training else 1)
 
     @torch.no_grad()
-    def _log_loss_metrics(self, stats: obj.LossStats, entropy, completion_mask, width: int) -> None:
+    def _log_loss_metrics(self, stats: obj.LossStats, completion_mask) -> None:
         """Query-KL (the run's estimator and the token_k3 yardstick: mean over the micro-batch's group leaders on all
         processes; TRL averages the micro-batches between two logs), TRL's entropy and clip-ratio metrics, and with
         `rollout_correction` the token mean of its ratio and the share of tokens outside its band."""
@@ -431,10 +431,9 @@ class ERPOTrainer(GRPOTrainer):
                 self._metrics[mode][name].append((totals[0] / totals[1]).item())
         real = completion_mask.float()
         counts = self.accelerator.reduce(real.sum(), "sum").clamp(min=1)
-        if entropy is not None:
-            response_entropy = torch.nn.functional.pad(entropy.float(), (1, 0))[:, width:]
+        if stats.entropy is not None:
             self._metrics[mode]["entropy"].append(
-                (self.accelerator.reduce((response_entropy * real).sum(), "sum") / counts).item()
+                (self.accelerator.reduce((stats.entropy * real).sum(), "sum") / counts).item()
             )
         token_means = {name: stats.pg_stats[key] * real.sum() for name, key in (
             ("clip_ratio/low_mean", "clip_frac_low"), ("clip_ratio/high_mean", "clip_frac_high"),

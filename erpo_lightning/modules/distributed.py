@@ -12,8 +12,8 @@ import torch
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.modules.microbatch import micro_batches
 from erpo_lightning.rollout.batch import RolloutBatch
+from erpo_lightning.update.microbatch import micro_batches
 
 
 def _single_process(trainer: L.Trainer | None) -> bool:

@@ -21,17 +21,11 @@ from transformers import AutoModelForCausalLM
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
 from erpo_lightning.data.datamodule import QueryDataModule, policy_compute_dtype
-from erpo_lightning.logprobs import (
-    causal_lm_logits,
-    prompt_response_logprobs_and_entropy,
-    response_logprobs,
-)
+from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
-from erpo_lightning.modules.microbatch import minibatch_rows
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
-from erpo_lightning.modules.query_pass import exact_query_kl, step_query_weights, unique_prompts
 from erpo_lightning.modules.settings import Dtype, QueryKLScoring, check_module_settings, check_trainer_precision
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.modules.step_metrics import (
@@ -42,6 +36,14 @@ from erpo_lightning.modules.step_metrics import (
 )
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
+from erpo_lightning.update import (
+    LossRows,
+    accumulate_gradients,
+    minibatch_rows,
+    rollout_loss_rows,
+    step_normalizers,
+    step_query_weights,
+)
 
 
 class ERPOModule(L.LightningModule):
@@ -241,20 +243,15 @@ class ERPOModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --------------------------------------------------------------------------------------------- forward passes
-    def _response_logprobs(self, model: torch.nn.Module, micro: RolloutBatch) -> torch.Tensor:
-        """[N, R] response log-probs at the batch's sampling temperature, without grad (old policy, reference model)."""
-        with torch.no_grad():
-            return response_logprobs(
-                model, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature
-            )
-
     @torch.no_grad()
     def _recompute_old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
         old = torch.zeros_like(batch.sampling_logprobs)
         first_row = 0  # micro-batches are consecutive rows
         for micro, real in self._micro_batches(batch):
-            response = self._response_logprobs(self.policy, micro)
+            response = response_logprobs(
+                self.policy, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature
+            )
             if not real:
                 continue
             old[first_row : first_row + len(response), : response.shape[1]] = response
@@ -325,74 +322,33 @@ class ERPOModule(L.LightningModule):
         """(micro-batch, real) pairs within the token budget, as many on every rank (see `distributed`)."""
         return rank_aligned_micro_batches(self._trainer, batch, self.hparams.micro_batch_tokens, self.device)
 
-    def _micro_loss(
-        self, micro: RolloutBatch, normalizers: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, obj.LossStats]:
-        """Loss of one micro-batch (`objectives.rl_loss`), already divided by the global counts of its step."""
-        prompt_length = micro.prompt_length
-        # One forward scores the prompt (at T = 1, for Query-KL) and the response (at the temperature it was sampled
-        # at); entropy from the same pass.
-        logits = causal_lm_logits(self.policy, micro.input_ids, micro.attention_mask)
-        token_logprobs, entropy = prompt_response_logprobs_and_entropy(
-            logits, micro.input_ids, prompt_length, micro.temperature
-        )
-        query_lp, query_mask, response_lp, _ = obj.split_prompt_response(
-            token_logprobs, micro.attention_mask, prompt_length
-        )
-        on_policy = micro.old_logprobs is None
-        old = response_lp.detach() if on_policy else micro.old_logprobs
-        ref_response = None
-        if self.reference_policy is not None:
-            ref_response = self._response_logprobs(self.reference_policy, micro)
+    def _loss_rows(self, batch: RolloutBatch) -> LossRows:
+        """What the update reads of `batch`; under `shared_forward`, with θ0's query scores from the cache."""
         reference = None
         if self.hparams.query_kl_scoring == "shared_forward":
-            reference = self.reference_cache.padded(micro.query_index, prompt_length).to(query_lp)
-        else:  # scored alone by _optimizer_step's query pass
-            query_lp = None
-        # The batch's response mask, not the attention mask: the rollout may mask out rows (overlong filtering).
-        loss, stats = obj.rl_loss(
-            self.algorithm, response_lp, old, micro.advantages, micro.response_mask,
-            query_lp, reference, query_mask, micro.is_group_leader,
-            seq_weights=micro.query_weights if self.algorithm.use_query_weights else None,
-            constant=self.hparams.loss_constant or micro.max_new_tokens, normalizers=normalizers,
-            ref_response_logprobs=ref_response, sampling_logprobs=micro.sampling_logprobs,
-        )  # fmt: skip
-        # On policy, this forward is the trainer's view of the sampled tokens before any update: a free check.
-        difference = (old - micro.sampling_logprobs).abs() if on_policy else None
-        return loss, replace(stats, entropy=entropy[:, prompt_length:], logprob_abs_diff=difference)
+            reference = self.reference_cache.padded(batch.query_index, batch.prompt_length)
+        return rollout_loss_rows(batch, self.hparams.loss_constant or batch.max_new_tokens, reference)
 
     def _optimizer_step(self, batch: RolloutBatch) -> None:
-        """Forward/backward every micro-batch of `batch` (one optimizer step's rows), then step."""
+        """Forward/backward every micro-batch of `batch` (one optimizer step's rows: `update.accumulate_gradients`),
+        then clip and step."""
         optimizer = self.optimizers()
         batch = replace(batch, query_weights=self._step_query_weights(batch))
-        query_mask = obj.query_token_mask(batch.attention_mask, batch.prompt_length)
-        counts = obj.loss_normalizers(batch.response_mask, query_mask, batch.is_group_leader)
-        normalizers = dict(zip(counts, self._global_sum(torch.stack(list(counts.values()))), strict=True))
+        normalizers = step_normalizers(
+            batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, self._global_sum
+        )
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
-        step_sums = torch.zeros(2, device=self.device)  # (loss, pg_loss): micro-batches hold shares of the step's
-        query_drift = None
-        if self.hparams.query_kl_scoring == "exact":
-            # First: under FSDP2 a forward without backward (Query-KL not optimised) leaves the root's weights
-            # gathered, and the micro-batches' backward below is what reshards them before the optimizer step.
-            leaders, width = batch.is_group_leader, batch.prompt_length
-            query_term, query_drift = exact_query_kl(
-                self.policy, unique_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width], leaders),
-                batch.query_index[leaders], batch.group_size, self.reference_cache, self.algorithm, normalizers,
-                lambda term: self.manual_backward(term * scale),
-                lambda count: int(all_reduce(self._trainer, count, "max", self.device)),
-                self.hparams.loss_constant or batch.max_new_tokens,
-            )  # fmt: skip
-            step_sums[0] += query_term
-        recorded = []
-        for micro, real in self._micro_batches(batch):
-            loss, stats = self._micro_loss(micro, normalizers)
-            # Even a non-finite loss goes through backward: every rank must run the same collectives.
-            self.manual_backward(loss * (scale if real else 0.0))
-            if real:
-                step_sums += torch.stack([loss.detach(), stats.pg_loss])
-                recorded.append((micro, stats))
-        step_loss, step_pg_loss = self._global_sum(step_sums)  # the whole step's values, equal on every rank
+        exact = self.hparams.query_kl_scoring == "exact"
+        step = accumulate_gradients(
+            self.policy, rollout_loss_rows(batch, self.hparams.loss_constant or batch.max_new_tokens),
+            ((self._loss_rows(micro), real) for micro, real in self._micro_batches(batch)),
+            batch.group_size, self.algorithm, normalizers, lambda share: self.manual_backward(share * scale),
+            self.reference_cache if exact else None,
+            lambda count: int(all_reduce(self._trainer, count, "max", self.device)), self.reference_policy,
+        )  # fmt: skip
+        # the whole step's values, equal on every rank
+        step_loss, step_pg_loss = self._global_sum(torch.stack([step.loss, step.pg_loss]))
         where = f"global step {self.global_step} (epoch {self.current_epoch})"
         finite = self.guard.finite("loss", step_loss, where)
         if finite:
@@ -403,10 +359,10 @@ class ERPOModule(L.LightningModule):
             self.train_metrics["loss"].update(step_loss)
             self.train_metrics["pg_loss"].update(step_pg_loss)
             self.train_metrics["grad_norm"].update(grad_norm)
-            for micro, stats in recorded:
-                update_micro_metrics(self.train_metrics, micro, stats)
-            if query_drift is not None:
-                update_query_metrics(self.train_metrics, query_drift)
+            for rows, stats in step.micro:
+                update_micro_metrics(self.train_metrics, rows, stats)
+            if step.query_drift is not None:
+                update_query_metrics(self.train_metrics, step.query_drift)
         if finite and self.hparams.skip_zero_signal_steps and grad_norm == 0:
             self._skip_zero_signal_step()
         elif finite:

@@ -6,8 +6,8 @@ import torch
 from torchmetrics import MaxMetric, MinMetric
 
 from erpo_lightning.objectives import LossStats, QueryDrift
-from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
+from erpo_lightning.update import LossRows
 
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "query_kl_token_k3", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high",
@@ -35,7 +35,7 @@ def update_query_metrics(metrics: torch.nn.ModuleDict, drift: QueryDrift) -> Non
         metrics[name].update(getattr(drift, name))
 
 
-def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: RolloutBatch, stats: LossStats) -> None:
+def update_micro_metrics(metrics: torch.nn.ModuleDict, micro: LossRows, stats: LossStats) -> None:
     """Add one micro-batch's `LossStats` (with its entropy); the queries' drift only when the micro-batch's forward
     scored the queries (`query_kl_scoring: shared_forward`)."""
     response_mask = micro.response_mask

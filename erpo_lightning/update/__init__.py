@@ -1,0 +1,40 @@
+"""The ERPO update as one unit, for any trainer: an optimizer step's forward, loss, Query-KL pass and w(q) in pure
+torch (no Lightning import). `ERPOModule` (Lightning) and `integrations.trl.ERPOTrainer` (TRL) both call it.
+
+    step.py        `LossRows` (what one forward reads), `micro_batch_loss`, `query_pass_term`,
+                   `accumulate_gradients` (one optimizer step's backward), `StepStats`, `step_normalizers`
+    query_pass.py  Query-KL on the step's unique queries scored alone in the cache's layout; per-step w(q)
+    microbatch.py  optimizer mini-batches of whole groups and token-budgeted micro-batches
+"""
+
+from erpo_lightning.update.microbatch import micro_batches, minibatch_rows, trim_padding
+from erpo_lightning.update.query_pass import exact_query_kl, step_query_weights, unique_prompts
+from erpo_lightning.update.step import (
+    Forward,
+    LossRows,
+    StepStats,
+    accumulate_gradients,
+    full_logits_forward,
+    micro_batch_loss,
+    query_pass_term,
+    rollout_loss_rows,
+    step_normalizers,
+)
+
+__all__ = [
+    "Forward",
+    "LossRows",
+    "StepStats",
+    "accumulate_gradients",
+    "exact_query_kl",
+    "full_logits_forward",
+    "micro_batch_loss",
+    "micro_batches",
+    "minibatch_rows",
+    "query_pass_term",
+    "rollout_loss_rows",
+    "step_normalizers",
+    "step_query_weights",
+    "trim_padding",
+    "unique_prompts",
+]

@@ -1,0 +1,226 @@
+"""One optimizer step's loss and gradients, the same for every trainer: the rows' forward, `objectives.rl_loss` and
+the exact Query-KL pass, in one order.
+
+A trainer hands the step its rows as `LossRows` (what one forward reads) and its global counts (`step_normalizers`);
+`micro_batch_loss` scores the rows and returns the loss with its typed `LossStats`; `query_pass_term` scores the
+step's unique queries alone, in the reference cache's layout (`query_pass.exact_query_kl`). `accumulate_gradients`
+runs both over an optimizer step for a trainer that drives backward itself (`ERPOModule`); a trainer whose loop runs
+backward on a returned loss (TRL's) calls `query_pass_term` then `micro_batch_loss` per micro-batch and adds them.
+Nothing here imports Lightning: collectives come in as functions (the identity on one process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.data.cache import ReferenceLogprobCache
+from erpo_lightning.logprobs import causal_lm_logits, prompt_response_logprobs_and_entropy, response_logprobs
+from erpo_lightning.rollout.batch import RolloutBatch
+from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
+
+GlobalSum = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over all ranks
+GlobalMax = Callable[[int], int]  # a count's largest value over all ranks
+Backward = Callable[[torch.Tensor], None]  # runs backward on a loss share (and scales it for the trainer's averaging)
+
+
+@dataclass(frozen=True)
+class LossRows:
+    """The rows of one forward, as the loss reads them. N rows of `[prompt; response]`, P prompt and R response
+    columns.
+
+    Attributes:
+        input_ids, attention_mask: [N, P + R] long; prompts left-padded to P, responses right-padded.
+        prompt_length: P.
+        temperature: T the responses were sampled at; they are scored under softmax(logits / T), the prompt at T = 1.
+        response_mask: [N, R] long, the response tokens the loss sees.
+        advantages: [N] float32.
+        is_group_leader: [N] bool, one row per query (its group's first).
+        query_index: [N] long, each row's query's row in the reference cache.
+        old_logprobs: [N, R] the policy's log-probs before the batch's first update; None = on-policy (the rows'
+            own forward, detached).
+        sampling_logprobs: [N, R] the engine's log-probs of the sampled tokens (None: the trainer has none).
+        query_weights: [N] w(q) of each row's query, or None.
+        reference_query_logprobs: [N, P] θ0's log-probs of the prompt tokens, as the cache pads them; only for
+            `shared_forward` scoring, which reads the queries from this forward (None under `exact`).
+        constant: Dr. GRPO's normaliser (`seq_sum_constant`), or None.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_length: int
+    temperature: float
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    is_group_leader: torch.Tensor
+    query_index: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    sampling_logprobs: torch.Tensor | None = None
+    query_weights: torch.Tensor | None = None
+    reference_query_logprobs: torch.Tensor | None = None
+    constant: float | None = None
+
+
+def rollout_loss_rows(
+    batch: RolloutBatch, constant: float | None, reference_query_logprobs: torch.Tensor | None = None
+) -> LossRows:
+    """The `LossRows` of a `RolloutBatch` whose advantages are set (`ERPOModule.train_on` sets them)."""
+    return LossRows(
+        batch.input_ids, batch.attention_mask, batch.prompt_length, batch.temperature, batch.response_mask,
+        batch.advantages, batch.is_group_leader, batch.query_index, batch.old_logprobs, batch.sampling_logprobs,
+        batch.query_weights, reference_query_logprobs, constant,
+    )  # fmt: skip
+
+
+# A forward of `policy` over the rows: ([N, P + R] token log-probs, [N, P + R] entropy or None), column t scoring
+# token t given the tokens before it (column 0 unscored), the prompt at T = 1 and the response at the rows' T.
+Forward = Callable[[torch.nn.Module, LossRows], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def full_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default `Forward`: the policy's logits at every position, then log-probs and entropy from them."""
+    logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask)
+    return prompt_response_logprobs_and_entropy(logits, rows.input_ids, rows.prompt_length, rows.temperature)
+
+
+@dataclass
+class StepStats:
+    """What one optimizer step's forwards and backwards produced on this rank.
+
+    Attributes:
+        loss, pg_loss: 0-dim, this rank's share of the step's loss and policy-gradient term (sum them over ranks for
+            the step's values); the loss includes the Query-KL term of the exact pass.
+        micro: each real micro-batch's rows with its `LossStats`, for the metrics.
+        query_drift: the step's queries' drift from the exact pass (None under `shared_forward`, where each
+            micro-batch's `LossStats.query_drift` holds it).
+    """
+
+    loss: torch.Tensor
+    pg_loss: torch.Tensor
+    micro: list[tuple[LossRows, obj.LossStats]] = field(default_factory=list)
+    query_drift: obj.QueryDrift | None = None
+
+
+def step_normalizers(
+    response_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    is_leader: torch.Tensor,
+    global_sum: GlobalSum,
+) -> dict[str, torch.Tensor]:
+    """The step's global counts `rl_loss` divides by (`objectives.loss_normalizers` of its rows, summed over ranks):
+    every micro-batch's loss is divided by the whole step's counts, so the shares sum to the step's loss."""
+    query_mask = obj.query_token_mask(attention_mask, prompt_length)
+    counts = obj.loss_normalizers(response_mask, query_mask, is_leader)
+    return dict(zip(counts, global_sum(torch.stack(list(counts.values()))), strict=True))
+
+
+def micro_batch_loss(
+    policy: torch.nn.Module,
+    rows: LossRows,
+    algorithm: obj.LossSettings,
+    normalizers: dict[str, torch.Tensor],
+    reference_policy: torch.nn.Module | None = None,
+    forward: Forward = full_logits_forward,
+) -> tuple[torch.Tensor, obj.LossStats]:
+    """The loss of one micro-batch (`objectives.rl_loss`), already divided by its step's global counts.
+
+    One forward scores the responses (policy gradient) and, under `shared_forward` (`rows.reference_query_logprobs`
+    given), the prompts (Query-KL); the entropy comes from the same pass. `reference_policy`, when given, scores the
+    responses for Policy-KL (no gradient).
+    Returns:
+        the loss (0-dim) and its `LossStats`, with the response entropy [N, R] and, on policy, the engine–trainer
+        log-prob gap [N, R] (`logprob_abs_diff`: this forward is the trainer's view of the sampled tokens).
+    """
+    prompt_length = rows.prompt_length
+    token_logprobs, entropy = forward(policy, rows)
+    query_lp, query_mask, response_lp, _ = obj.split_prompt_response(token_logprobs, rows.attention_mask, prompt_length)
+    on_policy = rows.old_logprobs is None
+    old = response_lp.detach() if on_policy else rows.old_logprobs
+    sampling = rows.sampling_logprobs
+    if sampling is not None:  # an engine with no log-prob for a token (vLLM's NaN): ρ = 1 there, as in TRL
+        sampling = torch.where(sampling.isnan(), old, sampling)
+    ref_response = None
+    if reference_policy is not None:
+        with torch.no_grad():
+            ref_response = response_logprobs(
+                reference_policy, rows.input_ids, rows.attention_mask, prompt_length, rows.temperature
+            )
+    reference = rows.reference_query_logprobs
+    loss, stats = obj.rl_loss(
+        algorithm, response_lp, old, rows.advantages, rows.response_mask,
+        None if reference is None else query_lp, None if reference is None else reference.to(query_lp), query_mask,
+        rows.is_group_leader,
+        seq_weights=rows.query_weights if algorithm.use_query_weights else None,
+        constant=rows.constant, normalizers=normalizers,
+        ref_response_logprobs=ref_response, sampling_logprobs=sampling,
+    )  # fmt: skip
+    difference = (old - sampling).abs() if on_policy and sampling is not None else None
+    response_entropy = None if entropy is None else entropy[:, prompt_length:]
+    return loss, replace(stats, entropy=response_entropy, logprob_abs_diff=difference)
+
+
+def query_pass_term(
+    policy: torch.nn.Module,
+    rows: LossRows,
+    group_size: int,
+    cache: ReferenceLogprobCache,
+    algorithm: obj.LossSettings,
+    normalizers: dict[str, torch.Tensor],
+    backward: Backward | None,
+    most_blocks: GlobalMax,
+) -> tuple[torch.Tensor, obj.QueryDrift]:
+    """α · the Query-KL term of `rows`' unique queries (their group leaders' prompts), scored alone in the cache's
+    layout (`query_pass.exact_query_kl`, whose arguments these are), and their drift."""
+    leaders, width = rows.is_group_leader, rows.prompt_length
+    prompts = unique_prompts(rows.input_ids[:, :width], rows.attention_mask[:, :width], leaders)
+    return exact_query_kl(
+        policy, prompts, rows.query_index[leaders].cpu(), group_size, cache, algorithm, normalizers, backward,
+        most_blocks, rows.constant,
+    )  # fmt: skip
+
+
+def accumulate_gradients(
+    policy: torch.nn.Module,
+    step_rows: LossRows,
+    micro_batches: Iterable[tuple[LossRows, bool]],
+    group_size: int,
+    algorithm: obj.LossSettings,
+    normalizers: dict[str, torch.Tensor],
+    backward: Backward,
+    cache: ReferenceLogprobCache | None,
+    most_blocks: GlobalMax,
+    reference_policy: torch.nn.Module | None = None,
+) -> StepStats:
+    """Forward and backward of one optimizer step on this rank: first the exact Query-KL pass over the step's unique
+    queries (`cache` given; None under `shared_forward`), then every micro-batch. The gradients accumulate in the
+    policy; nothing is stepped.
+
+    Under FSDP2 a forward without backward leaves the root's weights gathered, and the micro-batches' backward is
+    what reshards them: so the query pass (whose backward is skipped when Query-KL is only monitored) runs first.
+
+    Args:
+        step_rows: the step's rows (its unique queries are read from them).
+        micro_batches: (rows, real) pairs; a filler (real False) runs forward and backward with weight 0, since
+            every rank must run as many (each runs collectives).
+        backward: runs backward on one loss share.
+    """
+    device = step_rows.input_ids.device
+    stats = StepStats(torch.zeros((), device=device), torch.zeros((), device=device))
+    if cache is not None:
+        term, stats.query_drift = query_pass_term(
+            policy, step_rows, group_size, cache, algorithm, normalizers, backward, most_blocks
+        )
+        stats.loss = stats.loss + term
+    for rows, real in micro_batches:
+        loss, loss_stats = micro_batch_loss(policy, rows, algorithm, normalizers, reference_policy)
+        # Even a non-finite loss goes through backward: every rank must run the same collectives.
+        backward(loss * (1.0 if real else 0.0))
+        if real:
+            stats.loss = stats.loss + loss.detach()
+            stats.pg_loss = stats.pg_loss + loss_stats.pg_loss
+            stats.micro.append((rows, loss_stats))
+    return stats

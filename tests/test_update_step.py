@@ -1,0 +1,106 @@
+"""The update unit (`erpo_lightning/update`): pure torch, the same step whatever the micro-batching, and the engine's
+missing log-probs read as ρ = 1."""
+
+from dataclasses import replace
+from typing import get_args
+
+import pytest
+import torch
+from helpers.batches import carrying_scores
+from helpers.imports import PACKAGE, imported_modules
+from helpers.module_steps import PROMPTS, ReferenceLogprobs, rollout_batch
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.algorithms import AlgorithmName, resolve_algorithm
+from erpo_lightning.logprobs import response_logprobs
+from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.update import (
+    accumulate_gradients,
+    micro_batch_loss,
+    micro_batches,
+    rollout_loss_rows,
+    step_normalizers,
+)
+
+
+def test_the_update_imports_no_lightning_and_no_trainer():
+    """Any trainer can call it: no file of the unit imports Lightning, torchmetrics or a trainer's package (the
+    Lightning module's `modules/`, `callbacks/`, `integrations/`, the CLI)."""
+    trainers = ("lightning", "pytorch_lightning", "torchmetrics", "trl") + tuple(
+        f"erpo_lightning.{name}" for name in ("modules", "callbacks", "integrations", "cli")
+    )
+    files = sorted((PACKAGE / "update").glob("*.py"))
+    assert len(files) >= 3
+    found = {f"{path.name}: {name}" for path in files for name in imported_modules(path) if name.startswith(trainers)}
+    assert not found, sorted(found)
+
+
+def step_gradients(model, algorithm, batch, reference, max_tokens, reference_policy):
+    """The parameters' gradients after `accumulate_gradients` over `batch` cut into micro-batches of `max_tokens`,
+    and the step's loss."""
+    model.zero_grad(set_to_none=True)
+    rows = rollout_loss_rows(batch, batch.max_new_tokens or 4)
+    normalizers = step_normalizers(
+        batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
+    )
+    micros = ((rollout_loss_rows(micro, batch.max_new_tokens or 4), True) for micro in micro_batches(batch, max_tokens))
+    stats = accumulate_gradients(
+        model, rows, micros, batch.group_size, algorithm, normalizers, lambda share: share.backward(), reference,
+        lambda count: count, reference_policy,
+    )  # fmt: skip
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}, stats.loss
+
+
+@pytest.mark.parametrize("preset", get_args(AlgorithmName))
+def test_micro_batching_leaves_the_step_unchanged(tiny_model_path, preset):
+    """One micro-batch of all rows or one per row: the same loss and gradients (each share is divided by the whole
+    step's counts), for every preset; after a perturbation, so Query-KL and Policy-KL are not 0."""
+    model = load_tiny_model(tiny_model_path)
+    reference = ReferenceLogprobs(model, PROMPTS)
+    batch = rollout_batch(model)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    algorithm = resolve_algorithm(preset)
+    batch = carrying_scores(batch, algorithm, reference.nll)
+    if batch.query_weights is None:  # a per-step w(q): any fixed one serves here
+        weights = obj.query_weights(reference.nll, reference.nll.mean()).repeat_interleave(batch.group_size)
+        batch = replace(batch, query_weights=weights)
+    batch = replace(batch, advantages=obj.group_advantages(batch.rewards, batch.group_size, "grpo"))
+    theta0 = load_tiny_model(tiny_model_path).requires_grad_(False) if algorithm.policy_kl_coef > 0 else None
+    whole, whole_loss = step_gradients(model, algorithm, batch, reference, 10_000, theta0)
+    split, split_loss = step_gradients(model, algorithm, batch, reference, 1, theta0)
+    assert whole.keys() == split.keys() and whole
+    torch.testing.assert_close(split_loss, whole_loss, rtol=1e-5, atol=1e-7)
+    for name in whole:
+        torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-7, msg=name)
+    assert max(g.abs().max() for g in whole.values()) > 0
+
+
+def test_a_token_the_engine_has_no_logprob_for_weighs_one_under_the_rollout_correction(tiny_model_path):
+    """vLLM's NaN sampling log-prob: the correction reads ρ = 1 at that token (the sampling log-prob taken as the
+    old one) and the rest as given, so the loss stays finite and equals the batch with that token's log-prob set to
+    the policy's own."""
+    model = load_tiny_model(tiny_model_path)
+    batch = rollout_batch(model)
+    batch = replace(batch, advantages=obj.group_advantages(batch.rewards, batch.group_size, "grpo"))
+    algorithm = resolve_algorithm("grpo", rollout_correction="tis", rollout_correction_cap=2.0)
+    shifted = batch.sampling_logprobs - 0.3 * batch.response_mask  # a mismatch the correction acts on
+    normalizers = step_normalizers(
+        batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
+    )
+    own = rollout_loss_rows(batch, 4)
+    with torch.no_grad():
+        policy_logprobs = shifted.clone()  # on policy, the old log-probs are the rows' own forward
+        policy_logprobs[0, 0] = response_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.prompt_length, batch.temperature
+        )[0, 0]
+        missing = shifted.clone()
+        missing[0, 0] = float("nan")
+        with_nan, _ = micro_batch_loss(model, replace(own, sampling_logprobs=missing), algorithm, normalizers)
+        with_own, _ = micro_batch_loss(model, replace(own, sampling_logprobs=policy_logprobs), algorithm, normalizers)
+        without_fix, _ = micro_batch_loss(model, replace(own, sampling_logprobs=shifted), algorithm, normalizers)
+    assert torch.isfinite(with_nan)
+    torch.testing.assert_close(with_nan, with_own)
+    assert with_nan != without_fix  # the token's weight did change
+
