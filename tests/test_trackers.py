@@ -38,7 +38,7 @@ def test_tensorboard_run_logs_query_kl_and_completions(healthy_toy_run):
     rows = [json.loads(line) for line in (healthy_toy_run.log_dir / "completions.jsonl").read_text().splitlines()]
     assert [event.step for event in texts] == sorted({row["step"] for row in rows}) == [1, 5, 10]
     table = texts[0].tensor_proto.string_val[0].decode()
-    assert table.startswith("| step | prompt | response | gold | reward |")
+    assert table.startswith("| step | group_index | prompt | response | gold | reward | advantage |")
 
 
 def test_tracker_overlays_select_their_logger_and_keep_the_csv(capsys):

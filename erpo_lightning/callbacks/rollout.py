@@ -24,7 +24,7 @@ from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.objectives import check_group_size
-from erpo_lightning.rewards.combined import check_reward_inputs
+from erpo_lightning.rewards.combined import check_reward_inputs, response_components
 from erpo_lightning.rewards.protocol import Reward
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch, informative_groups, overlong_penalty
 from erpo_lightning.rollout.engine import (
@@ -70,6 +70,14 @@ class _Group:
     rewards: torch.Tensor  # [G] after overlong shaping: what the advantages see
     correct: torch.Tensor  # [G] bool, raw reward at least the correct threshold
     informative: bool  # rewards not all equal
+    components: dict[str, torch.Tensor] | None  # name -> [G] each reward component's raw value (`response_components`)
+
+
+def _per_row_components(groups: list[_Group]) -> dict[str, torch.Tensor] | None:
+    """Component name -> [B·G] raw values of the groups' rows; None unless every group has them."""
+    if any(g.components is None for g in groups):
+        return None
+    return {name: torch.cat([g.components[name] for g in groups]) for name in groups[0].components}
 
 
 def _per_query(values: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -238,6 +246,7 @@ class RolloutCallback(pl.Callback):
             max_new_tokens=self.settings.max_new_tokens,
             reference_nll=_per_query([g.reference_nll for g in groups]),
             query_weights=_per_query([g.query_weight for g in groups]),
+            reward_components=_per_row_components(groups),
         )
         if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
             metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
@@ -319,6 +328,10 @@ class RolloutCallback(pl.Callback):
         penalty = overlong_penalty(lengths.flatten(), self.settings.max_new_tokens, self.overlong_buffer)
         shaped = graded.rewards + self.overlong_penalty_factor * penalty.view_as(graded.rewards)
         informative = informative_groups(graded.rewards.flatten(), self.settings.n).tolist()
+        raw = response_components(self.sampler.reward, graded.rewards.flatten().tolist())
+        components = None  # name -> [B, G] float32
+        if raw is not None:
+            components = {name: graded.rewards.new_tensor(row).view_as(graded.rewards) for name, row in raw.items()}
         return [
             _Group(
                 int(batch.query_index[b]),
@@ -329,6 +342,7 @@ class RolloutCallback(pl.Callback):
                 shaped[b],
                 graded.correct[b],
                 informative[b],
+                None if components is None else {name: values[b] for name, values in components.items()},
             )
             for b in range(len(prompts))
         ]

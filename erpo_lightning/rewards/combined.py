@@ -53,7 +53,8 @@ class CombinedReward:
     `components()` returns each component's mean raw value (before weighting) over the responses graded since the
     previous call; the rollout callback logs them as `rollout/reward/<name>`. `counters()` returns the components'
     own counters as `<name>_<key>` (logged as `rollout/grader_<name>_<key>`); `grade` is the first component's that
-    has one (the verdicts `completions.jsonl` reports).
+    has one (the verdicts `completions.jsonl` reports). `last_values()` holds each component's raw value of each
+    response of the latest call (the per-row components `completions.jsonl` reports, without grading again).
 
     Raises:
         ValueError (at construction) naming the problem: no component, a count of weights or names that is not
@@ -92,6 +93,7 @@ class CombinedReward:
                 raise TypeError(f"CombinedReward component {name!r}: {error}") from None
         self._sums = dict.fromkeys(self.names, 0.0)
         self._counts = dict.fromkeys(self.names, 0)
+        self._last_values: dict[str, list[float]] = {}
 
     def __call__(self, responses: list[str], golds: list[str], **inputs: list) -> list[float]:
         """One weighted sum per `(response, gold)` pair; `inputs` are offered to every component.
@@ -101,6 +103,7 @@ class CombinedReward:
             value that is not a finite number, or that requires an input not offered.
         """
         totals = [0.0] * len(responses)
+        self._last_values = {}
         parts = zip(self.names, self.weights, self.rewards, self.signatures, strict=True)
         for name, weight, reward, signature in parts:
             try:
@@ -110,6 +113,7 @@ class CombinedReward:
             values = [_finite(name, row, value, responses) for row, value in enumerate(raw)]
             self._sums[name] += sum(values)
             self._counts[name] += len(values)
+            self._last_values[name] = values
             for row, value in enumerate(values):
                 totals[row] += weight * value
         for row, total in enumerate(totals):
@@ -127,6 +131,11 @@ class CombinedReward:
         self._sums = dict.fromkeys(self.names, 0.0)
         self._counts = dict.fromkeys(self.names, 0)
         return means
+
+    def last_values(self) -> dict[str, list[float]]:
+        """Each component's raw values (before weighting) from the latest call, one per response in order, by name;
+        empty before the first call and after a call that stopped on a component's error. Not reset by reading."""
+        return dict(self._last_values)
 
     def counters(self) -> dict[str, float]:
         """The components' `counters()` since the previous call, as `<name>_<key>`."""
@@ -172,7 +181,7 @@ class CombinedReward:
     def __getstate__(self) -> dict:
         # A copy reports its own means (components copy themselves: MathReward starts its own pool).
         state = self.__dict__.copy()
-        state.update(_sums=dict.fromkeys(self.names, 0.0), _counts=dict.fromkeys(self.names, 0))
+        state.update(_sums=dict.fromkeys(self.names, 0.0), _counts=dict.fromkeys(self.names, 0), _last_values={})
         return state
 
 
@@ -188,6 +197,18 @@ def check_reward_inputs(reward: Reward, columns: Sequence[str]) -> None:
             signature.select(offered)
         except ValueError as error:
             raise ValueError(f"CombinedReward component {name!r}: {error}") from None
+
+
+def response_components(reward: Reward, totals: Sequence[float]) -> dict[str, list[float]] | None:
+    """Each reward component's raw value of each response of `reward`'s latest call, whose values were `totals`:
+    a `CombinedReward`'s `last_values()`, a single reward's `totals` under its `component_name`; None when a
+    CombinedReward's record is not of that call (it holds another count of responses, or none)."""
+    if not isinstance(reward, CombinedReward):
+        return {component_name(reward): [float(value) for value in totals]}
+    values = reward.last_values()
+    if len(values) != len(reward.names) or any(len(column) != len(totals) for column in values.values()):
+        return None
+    return values
 
 
 def _finite(name: str, row: int, value: Any, responses: list[str]) -> float:

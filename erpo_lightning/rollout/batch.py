@@ -11,6 +11,7 @@ a constant of the query (`Algorithm.static_query_weights`), w(q) itself, made on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
@@ -53,6 +54,10 @@ class RolloutBatch:
             normaliser unless `model.loss_constant` is set; None when not known.
         reference_nll: [N] float32, s(q) of each row's query: the frozen reference's summed NLL (nats), as the
             query stream carries it (`QueryBatch.reference_nll`); None when not carried.
+        reward_components: component name -> [N] float32, each reward component's raw value of each row, before
+            weighting and shaping (a `CombinedReward`'s components; a single reward is one component, under its
+            `component_name`), read from the one grading call (`response_components`); None when not carried. Only
+            the sampled-completions log reads it; `select_rows` and `to` treat each value as a per-row field.
     Filled by the rollout when the query stream carries it, else by the training step:
         query_weights: [N] float32, w(q) of each row's query: the stream's precomputed w(q) under a dataset-static
             rule (`Algorithm.static_query_weights`), otherwise (None from the rollout) made by `ERPOModule` for the
@@ -79,6 +84,7 @@ class RolloutBatch:
     query_weights: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = per_token("response", optional=True)
+    reward_components: dict[str, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if not is_sampling_temperature(self.temperature):
@@ -110,7 +116,8 @@ class RolloutBatch:
 
     def select_rows(self, rows: torch.Tensor) -> RolloutBatch:
         """The rows `rows` (a LongTensor of row indices) of every per-row field; the other fields kept."""
-        return replace(self, **{name: value[rows] for name, value in self._tensors().items()})
+        return replace(self, **{name: value[rows] for name, value in self._tensors().items()},
+                       reward_components=self._map_components(lambda values: values[rows]))  # fmt: skip
 
     def trim_columns(self, first: int, response_width: int) -> RolloutBatch:
         """Every per-token field cut to sequence columns [first, prompt_length + response_width) and response columns
@@ -123,7 +130,14 @@ class RolloutBatch:
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """Every tensor field on `device`."""
-        return replace(self, **{name: value.to(device) for name, value in self._tensors().items()})
+        return replace(self, **{name: value.to(device) for name, value in self._tensors().items()},
+                       reward_components=self._map_components(lambda values: values.to(device)))  # fmt: skip
+
+    def _map_components(self, change: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """`reward_components` with `change` applied to each component's [N] values (None stays None)."""
+        if self.reward_components is None:
+            return None
+        return {name: change(values) for name, values in self.reward_components.items()}
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if torch.is_tensor(getattr(self, f.name))}
@@ -169,6 +183,7 @@ def assemble_batch(
     max_new_tokens: int | None = None,
     reference_nll: torch.Tensor | None = None,
     query_weights: torch.Tensor | None = None,
+    reward_components: dict[str, torch.Tensor] | None = None,
 ) -> RolloutBatch:
     """Pack B prompts and their G samples each into a `RolloutBatch` (on the CPU).
 
@@ -182,6 +197,7 @@ def assemble_batch(
         max_new_tokens: the response cap they were sampled with (None: not known).
         reference_nll, query_weights: [B] the queries' scores as the query stream carries them (`QueryBatch`), or
             None; each row gets its query's.
+        reward_components: component name -> [B·G] raw values in the order of `rewards`, or None.
     """
     group_size = len(samples[0])
 
@@ -216,6 +232,7 @@ def assemble_batch(
         temperature=temperature,
         max_new_tokens=max_new_tokens,
         reference_nll=per_row(reference_nll),
+        reward_components=None if reward_components is None else dict(reward_components),
         query_weights=per_row(query_weights),
     )
 
