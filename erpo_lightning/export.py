@@ -3,6 +3,7 @@
     erpo export --ckpt_path runs/quickstart/checkpoints/last.ckpt --out runs/quickstart/hf_model
     erpo export --ckpt_path CKPT --out DIR --push_to_hub user/name      # also upload the folder to the Hub
     erpo export --ckpt_path CKPT --out DIR --adapter_out ADAPTER_DIR    # a LoRA run: also the adapter alone
+    erpo export --ckpt_path CKPT --out DIR --metrics RUN/metrics.csv    # the model card's sweep from this file
 
 The checkpoint is a single file (one device, DDP) or an FSDP2 sharded folder (ModelParallelStrategy), read in one
 process without a GPU or a process group. What the policy was built from is read from the checkpoint itself (the
@@ -14,6 +15,11 @@ A LoRA run's checkpoint (`model.peft`) is written merged (W + scale·B·A per ad
 model that transformers and vLLM load without peft. `--adapter_out` also writes the adapter alone in peft's format
 (`adapter_config.json`, `adapter_model.safetensors`: `PeftModel.from_pretrained(base, ADAPTER_DIR)`); its
 `base_model_name_or_path` is the initial model's absolute path (or its Hub id), wherever the export ran from.
+
+The folder also gets a model card, `README.md` (`model_card`): the initial model, the algorithm and its resolved loss
+settings, the global step, the run's last temperature sweep (from `--metrics`, else the sweep history the checkpoint
+keeps, else the `metrics.csv` beside the checkpoint; "No sweep was logged" when there is none) and this toolkit's
+version. A metrics file that cannot be read is named in the card; it does not stop the export.
 
 Before anything loads, `--out` and `--adapter_out` must be folders (or not exist yet) that do not overlap: the same
 folder, or one inside the other, would put the adapter beside (or around) the merged model, which already holds it.
@@ -43,6 +49,7 @@ from erpo_lightning.checkpointing import read_checkpoint
 from erpo_lightning.errors import SettingsError
 from erpo_lightning.gguf import share_like_other_files
 from erpo_lightning.merged_weights import base_model_state_dict, embedding_weight_names, tied_head_state
+from erpo_lightning.model_card import CARD_NAME, model_card
 from erpo_lightning.modules.lora import lora_config, lora_settings
 from erpo_lightning.resume_config import CONFIG_KEY
 
@@ -97,10 +104,15 @@ def initial_model_reference(source: str) -> str:
 
 
 def export_checkpoint(
-    ckpt_path: str | Path, out: str | Path, model_path: str | None = None, adapter_out: str | Path | None = None
+    ckpt_path: str | Path,
+    out: str | Path,
+    model_path: str | None = None,
+    adapter_out: str | Path | None = None,
+    metrics: str | Path | None = None,
 ) -> Path:
     """Write the policy of `ckpt_path` to `out` as a Hugging Face folder (weights as safetensors, config.json,
-    generation_config.json, tokenizer files) and return `out`, once it is read back as a loadable model.
+    generation_config.json, tokenizer files, the model card README.md) and return `out`, once it is read back as a
+    loadable model.
 
     Args:
         ckpt_path: a Lightning checkpoint file or FSDP2 sharded checkpoint folder of an ERPOModule run.
@@ -108,9 +120,12 @@ def export_checkpoint(
         model_path: the run's initial model; None = the one the checkpoint names.
         adapter_out: a LoRA run only: also write the adapter alone there, in peft's `save_pretrained` format, with
             `base_model_name_or_path` the initial model's absolute path (or Hub id); a folder apart from `out`.
+        metrics: the run's CSVLogger metrics file, read first for the model card's sweep; None = the sweep history
+            the checkpoint keeps, else the metrics.csv beside it.
 
     Raises:
-        SettingsError: before anything loads, for a bad `out` / `adapter_out` (`check_output_folders`) or checkpoint.
+        SettingsError: before anything loads, for a bad `out` / `adapter_out` (`check_output_folders`), `metrics`
+            that is not a file, or a bad checkpoint.
         ExportError: the written folder does not hold a loadable model (`check_exported_folder`), or a write failed
             (a full disk: the folders the export created are removed, `removed_if_the_write_fails`).
     """
@@ -119,6 +134,8 @@ def export_checkpoint(
     from erpo_lightning.evaluation.validate import load_policy_weights
 
     check_output_folders(out, adapter_out)
+    if metrics is not None and not Path(metrics).is_file():
+        raise SettingsError(f"--metrics: no metrics file at {metrics}")
     settings = checkpoint_model_settings(ckpt_path)
     source = model_path or settings["model_path"]
     if not (Path(source) / "config.json").is_file() and Path(source).exists():
@@ -152,6 +169,8 @@ def export_checkpoint(
         model.save_pretrained(out, state_dict=state)
         AutoTokenizer.from_pretrained(source, trust_remote_code=settings["trust_remote_code"]).save_pretrained(out)
         check_exported_folder(out, state, embedding_weight_names(model), settings["trust_remote_code"])
+        card = model_card(read_checkpoint(ckpt_path), ckpt_path, initial_model_reference(source), metrics)
+        (out / CARD_NAME).write_text(card, encoding="utf-8")
     for folder in (out, adapter_out):  # save_pretrained writes weight files 0600; the folder is meant to be shared
         if folder is not None:
             share_like_other_files(Path(folder))
@@ -267,8 +286,9 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--model_path", default=None, help="the run's initial model, if it moved since training")
     parser.add_argument("--push_to_hub", default=None, metavar="REPO_ID", help="also upload the folder to the Hub")
     parser.add_argument("--adapter_out", default=None, help="a LoRA run: also write the adapter alone (peft format)")
+    parser.add_argument("--metrics", default=None, help="the run's metrics.csv, for the model card's sweep numbers")
     parsed = parser.parse_args(args)
-    folder = export_checkpoint(parsed.ckpt_path, parsed.out, parsed.model_path, parsed.adapter_out)
+    folder = export_checkpoint(parsed.ckpt_path, parsed.out, parsed.model_path, parsed.adapter_out, parsed.metrics)
     step = checkpoint_step(parsed.ckpt_path)
     print(f"[erpo] exported the policy of {parsed.ckpt_path}{step} to {folder}", flush=True)
     if parsed.adapter_out:

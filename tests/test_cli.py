@@ -2,6 +2,7 @@
 and argument handling that loads nothing, in this process (`helpers.cli_runs.run_main`)."""
 
 import csv
+import re
 
 import pytest
 import yaml
@@ -15,6 +16,22 @@ def test_help_lists_subcommands():
     assert result.returncode == 0, result.stderr
     for subcommand in ("fit", "validate", "cache", "erpo export --ckpt_path", "erpo plot RUN_DIR"):
         assert subcommand in result.stdout
+
+
+def test_help_lists_every_subcommand_each_with_its_own_help(capsys):
+    """`erpo --help` names the LightningCLI subcommands and the two the CLI runs itself (export, plot); each named
+    command answers `--help`."""
+    from erpo_lightning.cli import ERPOCLI
+
+    assert run_main("--help") == 0
+    listing = capsys.readouterr().out
+    commands = [*ERPOCLI.subcommands(), "export", "plot"]
+    for command in commands:
+        assert re.search(rf"^\s+(erpo )?{command}\s", listing, re.MULTILINE), (command, listing)
+    for command in commands:
+        assert run_main(command, "--help") == 0, command
+        usage = capsys.readouterr().out.splitlines()[0]  # the program's name is `erpo` only in the installed script
+        assert usage.startswith("usage:") and f" {command} " in usage, (command, usage)
 
 
 def test_print_config_has_every_group(capsys):

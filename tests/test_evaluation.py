@@ -1,9 +1,12 @@
 """Sweep maths (Pass@k, Avg@k, aggregates, distributed reduction), the runner's batching, benchmark errors, reports."""
 
+import io
 import json
 import math
 import os
+import re
 import socket
+import sys
 from itertools import combinations
 
 import pytest
@@ -203,6 +206,45 @@ def test_sweep_batches_by_temperature_and_k_and_grades(tmp_path):
     assert {k: v.item() for k, v in again.values.items()} == pytest.approx(
         {k: v.item() for k, v in values.items()}, nan_ok=True
     )
+
+
+class Terminal(io.StringIO):
+    """Text written to a terminal: what tqdm draws its bar on."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def swept_stderr(tmp_path, monkeypatch, stderr) -> None:
+    """Run a 2-temperature sweep of 3 problems with `stderr` as sys.stderr, progress on."""
+    tokenizer = build_byte_tokenizer()
+    problems = _benchmark_file(tmp_path, "three", ["p0", "p1", "p2"], ["x", "y", "z"])
+    config = SweepConfig([Benchmark(problems, 2)], temperatures=[0.5, 1.0], batch_size=1, max_new_tokens=8)
+    engine = ScriptedEngine(tokenizer)
+    sweep = Sweep(config, RolloutSampler(engine, exact_reward, tokenizer=tokenizer))
+    (benchmark,) = sweep.prepare()
+    engine.answers_by_prompt = dict(zip(map(tuple, benchmark.prompt_ids), benchmark.answers, strict=True))
+    monkeypatch.setattr(sys, "stderr", stderr)
+    sweep.run(torch.nn.Linear(1, 1))
+
+
+def test_sweep_progress_into_a_pipe_is_plain_lines_without_carriage_returns(tmp_path, monkeypatch):
+    """A log (SLURM, nohup: stderr a file or a pipe) gets one `[erpo]` line per temperature, no bar redrawn with
+    carriage returns; a terminal still gets the bar."""
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as pipe:
+        swept_stderr(tmp_path, monkeypatch, pipe)
+    with os.fdopen(read_end, "rb") as pipe:  # bytes: a text read would turn "\r" into "\n"
+        logged = pipe.read().decode()
+    assert "\r" not in logged
+    lines = logged.splitlines()
+    assert len(lines) == 2, logged
+    for line, (t, done) in zip(lines, (("0.5", 3), ("1", 6)), strict=True):
+        assert re.fullmatch(rf"\[erpo\] temperature sweep: T={t} done, {done}/6 problems in \d+ s", line), line
+    terminal = Terminal()
+    swept_stderr(tmp_path, monkeypatch, terminal)
+    assert "\r" in terminal.getvalue() and "temperature sweep" in terminal.getvalue()
+    assert "[erpo]" not in terminal.getvalue()
 
 
 def test_sweep_keeps_unaveraged_benchmarks_out_of_the_mean(tmp_path):

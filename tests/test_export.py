@@ -11,6 +11,7 @@ import torch
 from helpers.fit_configs import run_erpo
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from erpo_lightning.callbacks.export import export_policy
 from erpo_lightning.errors import SettingsError
 from erpo_lightning.export import export_checkpoint
 from erpo_lightning.logprobs import sequence_logprobs
@@ -78,6 +79,17 @@ def test_cli_export_loads_in_transformers_with_the_trained_weights(trained_check
         AutoTokenizer.from_pretrained(out)(PROBE).input_ids
         == AutoTokenizer.from_pretrained(SHIPPED_DIR)(PROBE).input_ids
     )
+
+
+def test_the_training_end_export_writes_files_as_readable_as_any_other(tiny_model, tiny_model_path, tmp_path):
+    """HFExportCallback's export (`export_policy`): transformers writes model.safetensors 0600; the folder is shared
+    like every file the run writes (0644 under the usual umask)."""
+    out = export_policy(tiny_model, str(tiny_model_path), tmp_path / "hf_model", is_global_zero=True)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert "model.safetensors" in modes
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)
 
 
 def test_sharded_checkpoint_folder_exports_the_same_model(trained_checkpoint, tmp_path):

@@ -9,6 +9,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoTokenizer
 
+from erpo_lightning.gguf import share_like_other_files
 from erpo_lightning.merged_weights import base_model_items, lora_layers
 
 
@@ -17,7 +18,8 @@ def export_policy(policy: torch.nn.Module, tokenizer_path: str, output_dir: str 
 
     Every rank must call this: gathering a sharded state dict is a collective; only rank 0 writes. A LoRA policy is
     written merged, under the base model's names (`merged_weights.base_model_items`): a plain model, loadable without
-    peft.
+    peft. Its files get the permissions of any file the run writes (0644 under the usual umask), not the 0600
+    `save_pretrained` gives the weights.
     """
     output_dir = Path(output_dir)
     state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -25,6 +27,7 @@ def export_policy(policy: torch.nn.Module, tokenizer_path: str, output_dir: str 
     if is_global_zero:
         policy.save_pretrained(output_dir, state_dict=state)
         AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(output_dir)
+        share_like_other_files(output_dir)
     return output_dir
 
 

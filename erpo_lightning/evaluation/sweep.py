@@ -72,7 +72,9 @@ class SweepConfig:
             data's, which then wins).
         max_prompt_length: longest eval prompt in tokens, likewise only without a `PromptFormat`; a longer one is an
             error.
-        progress: show a progress bar over the sweep (rank 0).
+        progress: show the sweep's progress on stderr (rank 0): a bar on a terminal; when stderr is a file or a pipe
+            (SLURM, nohup), one plain `[erpo]` line per temperature instead, since a bar redrawn with carriage
+            returns leaves nothing readable in a log.
     """
 
     benchmarks: list[Benchmark] = field(default_factory=list)
@@ -308,11 +310,12 @@ class Sweep:
         by_k: dict[int, list[tuple[int, int]]] = {}
         for b, bench in enumerate(benchmarks):
             by_k.setdefault(bench.k, []).extend((b, i) for i in range(rank, len(bench.prompt_ids), world_size))
-        total = len(config.temperatures) * sum(len(items) for items in by_k.values())
-        bar = tqdm(
-            total=total, desc="temperature sweep", unit="problem", file=sys.stderr, leave=False,
-            disable=not config.progress or rank != 0,
-        )  # fmt: skip
+        per_temperature = sum(len(items) for items in by_k.values())
+        total = len(config.temperatures) * per_temperature
+        shown = config.progress and rank == 0
+        terminal = shown and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+        bar = tqdm(total=total, desc="temperature sweep", unit="problem", file=sys.stderr, leave=False,
+                   disable=not terminal)  # fmt: skip
         for t, temperature in enumerate(config.temperatures):
             bar.set_postfix_str(f"T={temperature:g}")
             for k, items in by_k.items():
@@ -331,6 +334,10 @@ class Sweep:
                     if completions is not None:
                         completions.extend(_completion_rows(graded, part, benchmarks, temperature))
                     bar.update(len(part))
+            if shown and not terminal:
+                done, elapsed = (t + 1) * per_temperature, perf_counter() - start
+                print(f"[erpo] temperature sweep: T={temperature:g} done, {done}/{total} problems in {elapsed:.0f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
         bar.close()
         timing.wall_s = perf_counter() - start
         return timing
