@@ -214,6 +214,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="the arms to run (default all)")
+    parser.add_argument(
+        "--baseline-source",
+        help="a source tree (e.g. a git worktree of an earlier commit): each arm runs a second time with its code, "
+        "interleaved with this tree's, named <arm>@baseline",
+    )
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,8 +230,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         if not args.model_path:
             build_model(args.size, Path(workdir) / "model")
-        workers = {name: ["--arm", name, "--workdir", workdir] for name in ARMS}
-        results = run_workers(__file__, workers, args.rounds)
+        workers = {name: ["--arm", name, "--workdir", workdir] for name in args.arms}
+        sources = {}
+        if args.baseline_source:
+            baseline = str(Path(args.baseline_source).resolve())
+            for name in args.arms:
+                workers[f"{name}@baseline"] = workers[name]
+                sources[f"{name}@baseline"] = baseline
+        results = run_workers(__file__, workers, args.rounds, sources)
     summary = {
         name: {
             "step_s_median": statistics.median(t for run in runs for t in run["step_s"]),
@@ -239,17 +251,35 @@ def main() -> None:
         "config": {k: v for k, v in vars(args).items() if k not in ("arm", "workdir")},
         "torch": torch.__version__,
         "results": summary,
-        "ratios": {
-            "step_erpo_over_grpo": summary["erpo"]["step_s_median"] / summary["grpo"]["step_s_median"],
-            "step_erpo_shared_forward_over_grpo": summary["erpo_shared_forward"]["step_s_median"]
-            / summary["grpo"]["step_s_median"],
-            "peak_erpo_over_grpo": summary["erpo"]["peak_mib"] / summary["grpo"]["peak_mib"],
-            "step_erpo_over_grpo_kl": summary["erpo"]["step_s_median"] / summary["grpo_kl"]["step_s_median"],
-            "step_grpo_kl_over_grpo": summary["grpo_kl"]["step_s_median"] / summary["grpo"]["step_s_median"],
-            "peak_erpo_over_grpo_kl": summary["erpo"]["peak_mib"] / summary["grpo_kl"]["peak_mib"],
-        },
+        "ratios": ratios(summary),
     }
     print(json.dumps(report, indent=2))
+
+
+RATIOS = {  # name -> (numerator, denominator, quantity)
+    "step_erpo_over_grpo": ("erpo", "grpo", "step_s_median"),
+    "step_erpo_shared_forward_over_grpo": ("erpo_shared_forward", "grpo", "step_s_median"),
+    "peak_erpo_over_grpo": ("erpo", "grpo", "peak_mib"),
+    "step_erpo_over_grpo_kl": ("erpo", "grpo_kl", "step_s_median"),
+    "step_grpo_kl_over_grpo": ("grpo_kl", "grpo", "step_s_median"),
+    "peak_erpo_over_grpo_kl": ("erpo", "grpo_kl", "peak_mib"),
+}
+
+
+def ratios(summary: dict[str, dict]) -> dict[str, float]:
+    """The RATIOS whose arms ran, and for each arm run against a baseline source, this tree's step time and peak
+    over the baseline's (`step_<arm>_over_baseline`, `peak_<arm>_over_baseline`)."""
+    found = {
+        name: summary[top][quantity] / summary[bottom][quantity]
+        for name, (top, bottom, quantity) in RATIOS.items()
+        if top in summary and bottom in summary
+    }
+    for name in summary:
+        if f"{name}@baseline" in summary:
+            baseline = summary[f"{name}@baseline"]
+            found[f"step_{name}_over_baseline"] = summary[name]["step_s_median"] / baseline["step_s_median"]
+            found[f"peak_{name}_over_baseline"] = summary[name]["peak_mib"] / baseline["peak_mib"]
+    return found
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 change in the machine's load (shared CPUs) hits all sides alike. Ratios are then taken within one run."""
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -14,14 +15,20 @@ def alternating(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
             yield round_index, name
 
 
-def run_workers(script: str, workers: dict[str, list[str]], rounds: int) -> dict[str, list[dict]]:
+def run_workers(
+    script: str, workers: dict[str, list[str]], rounds: int, sources: dict[str, str] | None = None
+) -> dict[str, list[dict]]:
     """Run `python script <this command's arguments> <flags>` for each worker's flags, each in a fresh process (so
-    its peak memory is its own), interleaved over `rounds`. Returns, per worker, the JSON object each run printed
-    on its last line of output; exits naming the worker and its stderr tail when one fails."""
+    its peak memory is its own), interleaved over `rounds`. `sources`: worker -> a source tree (a checkout or
+    worktree of another commit) whose `erpo_lightning` that worker imports instead of this one's (its PYTHONPATH),
+    so "before against after" is one interleaved run. Returns, per worker, the JSON object each run printed on its
+    last line of output; exits naming the worker and its stderr tail when one fails."""
     results: dict[str, list[dict]] = {name: [] for name in workers}
     for _, name in alternating(list(workers), rounds):
         command = [sys.executable, script, *sys.argv[1:], *workers[name]]
-        done = subprocess.run(command, capture_output=True, text=True)
+        source = (sources or {}).get(name)
+        env = None if source is None else {**os.environ, "PYTHONPATH": source}
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             sys.exit(f"worker {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -16,8 +16,10 @@ from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.tiny_qwen2 import load_tiny_model
 from erpo_lightning.update import (
     accumulate_gradients,
+    full_logits_forward,
     micro_batch_loss,
     micro_batches,
+    response_logits_forward,
     rollout_loss_rows,
     step_normalizers,
 )
@@ -104,3 +106,23 @@ def test_a_token_the_engine_has_no_logprob_for_weighs_one_under_the_rollout_corr
     torch.testing.assert_close(with_nan, with_own)
     assert with_nan != without_fix  # the token's weight did change
 
+
+def test_the_response_only_forward_scores_the_responses_as_the_full_forward(tiny_model_path):
+    """`response_logits_forward` (the output layer on the R + 1 positions that predict response tokens) gives the
+    full forward's response log-probs and entropies, and their gradients, within float32 rounding; 0 on the prompt."""
+    model = load_tiny_model(tiny_model_path)
+    rows = rollout_loss_rows(rollout_batch(model), 4)
+    width = rows.prompt_length
+    full, full_entropy = full_logits_forward(model, rows)
+    full_grad = torch.autograd.grad(full[:, width:].sum(), list(model.parameters()), allow_unused=True)
+    kept, kept_entropy = response_logits_forward(model, rows)
+    kept_grad = torch.autograd.grad(kept[:, width:].sum(), list(model.parameters()), allow_unused=True)
+    assert kept.shape == full.shape and kept_entropy.shape == full_entropy.shape
+    torch.testing.assert_close(kept[:, width:], full[:, width:])
+    torch.testing.assert_close(kept_entropy[:, width:], full_entropy[:, width:])
+    assert not kept[:, :width].any() and not kept_entropy[:, :width].any()
+    assert full[:, 1:width].any()  # the full forward did score the prompt
+    for a, b in zip(kept_grad, full_grad, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

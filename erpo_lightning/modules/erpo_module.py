@@ -2,10 +2,12 @@
 
 One `training_step` receives the step's `QueryBatch` with its `RolloutBatch` attached (the RolloutCallback generated
 and scored it, see `erpo_lightning/callbacks/rollout.py`) and runs `num_iterations` passes of optimizer steps over
-it, each on `update_batch_size` queries, each split in micro-batches by a token budget. One forward per micro-batch
-gives the response log-probs (policy gradient); the unique queries are scored again alone, in the reference cache's
-layout, for an exact Query-KL (`query_kl_scoring`, `modules/query_pass.py`). Manual optimization: several optimizer
-steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
+it, each on `update_batch_size` queries. Each optimizer step's forwards and backwards are the update unit's
+(`erpo_lightning.update.accumulate_gradients`, which TRL's `ERPOTrainer` runs too): the unique queries scored alone,
+in the reference cache's layout, for an exact Query-KL (`query_kl_scoring`), then one forward per micro-batch (a token
+budget) for the response log-probs. This module owns what is Lightning's or the run's: the models, the optimizer and
+its schedule, gradient clipping, the non-finite guard, the collectives and the logged metrics. Manual optimization:
+several optimizer steps per batch, which also works under FSDP2 (`ModelParallelStrategy`).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class ERPOModule(L.LightningModule):
             `class_path` + `init_args`); None = the AdamW / `optim.LinearWarmup` above. Which setting wins: optim.py.
         gradient_clip_norm: max global grad norm, > 0 (None = no clipping).
         query_kl_scoring: how the step scores the queries for Query-KL. `exact`: the unique queries alone, in the
-            reference cache's layout (`modules/query_pass.py`), equal to the cache bit for bit at θ0 in any
+            reference cache's layout (`update/query_pass.py`), equal to the cache bit for bit at θ0 in any
             precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_forward`:
             from the [prompt; response] forward that scores the responses (the paper's "no extra forward"), whose
             rounding differs from the cache's, so `query_kl_tolerance` defaults to the compute dtype's noise floor.

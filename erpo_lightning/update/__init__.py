@@ -17,6 +17,7 @@ from erpo_lightning.update.step import (
     full_logits_forward,
     micro_batch_loss,
     query_pass_term,
+    response_logits_forward,
     rollout_loss_rows,
     step_normalizers,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "micro_batches",
     "minibatch_rows",
     "query_pass_term",
+    "response_logits_forward",
     "rollout_loss_rows",
     "step_normalizers",
     "step_query_weights",

@@ -81,9 +81,25 @@ Forward = Callable[[torch.nn.Module, LossRows], tuple[torch.Tensor, torch.Tensor
 
 
 def full_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
-    """The default `Forward`: the policy's logits at every position, then log-probs and entropy from them."""
+    """The `Forward` of `shared_forward` scoring, which reads the prompt tokens too: the policy's logits at every
+    position, then log-probs and entropy from them."""
     logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask)
     return prompt_response_logprobs_and_entropy(logits, rows.input_ids, rows.prompt_length, rows.temperature)
+
+
+def response_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `Forward` when no prompt log-prob is read (the exact pass scores the queries): the output layer, the
+    log-softmax and the entropy run on the R + 1 positions that predict response tokens only (`logits_to_keep`),
+    not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0."""
+    prompt_length = rows.prompt_length
+    keep = rows.input_ids.shape[1] - prompt_length + 1
+    logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask, logits_to_keep=keep)[:, -keep:]
+    # Column 0 of the kept window is the last prompt token, unscored; columns 1.. are the response at T.
+    logprobs, entropy = prompt_response_logprobs_and_entropy(
+        logits, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature
+    )
+    skipped = (prompt_length - 1, 0)
+    return torch.nn.functional.pad(logprobs, skipped), torch.nn.functional.pad(entropy, skipped)
 
 
 @dataclass
@@ -124,18 +140,21 @@ def micro_batch_loss(
     algorithm: obj.LossSettings,
     normalizers: dict[str, torch.Tensor],
     reference_policy: torch.nn.Module | None = None,
-    forward: Forward = full_logits_forward,
+    forward: Forward | None = None,
 ) -> tuple[torch.Tensor, obj.LossStats]:
     """The loss of one micro-batch (`objectives.rl_loss`), already divided by its step's global counts.
 
     One forward scores the responses (policy gradient) and, under `shared_forward` (`rows.reference_query_logprobs`
     given), the prompts (Query-KL); the entropy comes from the same pass. `reference_policy`, when given, scores the
-    responses for Policy-KL (no gradient).
+    responses for Policy-KL (no gradient). `forward` None: `full_logits_forward` under `shared_forward`, else
+    `response_logits_forward`.
     Returns:
         the loss (0-dim) and its `LossStats`, with the response entropy [N, R] and, on policy, the engine–trainer
         log-prob gap [N, R] (`logprob_abs_diff`: this forward is the trainer's view of the sampled tokens).
     """
     prompt_length = rows.prompt_length
+    if forward is None:
+        forward = response_logits_forward if rows.reference_query_logprobs is None else full_logits_forward
     token_logprobs, entropy = forward(policy, rows)
     query_lp, query_mask, response_lp, _ = obj.split_prompt_response(token_logprobs, rows.attention_mask, prompt_length)
     on_policy = rows.old_logprobs is None
