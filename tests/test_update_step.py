@@ -6,9 +6,9 @@ from typing import get_args
 
 import pytest
 import torch
-from helpers.batches import carrying_scores
+from helpers.batches import carrying_scores, make_rollout
 from helpers.imports import PACKAGE, imported_modules
-from helpers.module_steps import PROMPTS, ReferenceLogprobs, rollout_batch
+from helpers.module_steps import PAD, PROMPTS, ReferenceLogprobs, rollout_batch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import AlgorithmName, resolve_algorithm
@@ -18,6 +18,7 @@ from erpo_lightning.update import (
     accumulate_gradients,
     full_logits_forward,
     micro_batch_loss,
+    micro_batch_rows,
     micro_batches,
     response_logits_forward,
     rollout_loss_rows,
@@ -126,3 +127,42 @@ def test_the_response_only_forward_scores_the_responses_as_the_full_forward(tiny
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batches_of_length_sorted_rows_pad_less_and_hold_every_row_once():
+    """Rows sorted by length (longest first) then cut by the budget: every row once, each micro-batch within the
+    budget (a row longer than it alone), and fewer padded tokens than cutting the rows in their order."""
+    lengths = torch.tensor([3, 40, 5, 38, 4, 39, 6, 37])
+    runs = micro_batch_rows(lengths, max_tokens=80)
+    assert sorted(torch.cat(runs).tolist()) == list(range(8))
+    assert all(len(run) == 1 or lengths[run].max() * len(run) <= 80 for run in runs)
+    assert [lengths[run].max().item() for run in runs] == sorted(
+        (lengths[run].max().item() for run in runs), reverse=True
+    )
+    padded = sum(lengths[run].max().item() * len(run) for run in runs)
+    in_order = sum(max(lengths[i : i + 2]).item() * 2 for i in range(0, 8, 2))  # consecutive pairs: 4 x 2 x ~40
+    assert padded < in_order
+    assert [run.tolist() for run in micro_batch_rows(torch.tensor([5, 500, 5]), max_tokens=100)] == [[1], [0, 2]]
+
+
+@pytest.mark.parametrize("micro_batch_tokens", [10_000, 12])
+def test_old_logprobs_recomputed_over_sorted_micro_batches_land_on_their_rows(tiny_model_path, micro_batch_tokens):
+    """With several updates per batch the module recomputes the old log-probs micro-batch by micro-batch; with
+    length-sorted micro-batches each row's values must land on that row: equal to one forward over all rows."""
+    from erpo_lightning.modules.erpo_module import ERPOModule
+
+    module = ERPOModule(str(tiny_model_path), micro_batch_tokens=micro_batch_tokens)
+    module.configure_model()
+    # Real lengths 6, 9, 6, 5: sorted, the second row comes first (with a budget of 12: [1], [0, 2], [3]).
+    responses = [[30], [31, 32, 33, 34], [40, 41, 42], [43, 44]]
+    batch = make_rollout(
+        PROMPTS, responses, [1.0, 0.0, 0.0, 1.0], 0.8, [[0.0] * len(r) for r in responses], pad_token_id=PAD
+    )
+    assert micro_batch_tokens > 12 or len(micro_batch_rows(batch.attention_mask.sum(-1), micro_batch_tokens)) == 3
+    recomputed = module._recompute_old_logprobs(batch)
+    with torch.no_grad():
+        whole = response_logprobs(
+            module.policy, batch.input_ids, batch.attention_mask, batch.prompt_length, batch.temperature
+        )
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(recomputed[mask], whole[mask])

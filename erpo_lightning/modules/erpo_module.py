@@ -41,6 +41,7 @@ from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.update import (
     LossRows,
     accumulate_gradients,
+    micro_batch_rows,
     minibatch_rows,
     rollout_loss_rows,
     step_normalizers,
@@ -249,15 +250,14 @@ class ERPOModule(L.LightningModule):
     def _recompute_old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
         old = torch.zeros_like(batch.sampling_logprobs)
-        first_row = 0  # micro-batches are consecutive rows
-        for micro, real in self._micro_batches(batch):
+        # The real micro-batches come first, in the order of micro_batch_rows (rows sorted by length, not in order).
+        rows = micro_batch_rows(batch.attention_mask.sum(-1), self.hparams.micro_batch_tokens)
+        for number, (micro, real) in enumerate(self._micro_batches(batch)):
             response = response_logprobs(
                 self.policy, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature
             )
-            if not real:
-                continue
-            old[first_row : first_row + len(response), : response.shape[1]] = response
-            first_row += len(response)
+            if real:
+                old[rows[number], : response.shape[1]] = response
         return old
 
     def _check_loss_constant(self, rollout: RolloutBatch) -> None:

@@ -4,10 +4,10 @@ torch (no Lightning import). `ERPOModule` (Lightning) and `integrations.trl.ERPO
     step.py        `LossRows` (what one forward reads), `micro_batch_loss`, `query_pass_term`,
                    `accumulate_gradients` (one optimizer step's backward), `StepStats`, `step_normalizers`
     query_pass.py  Query-KL on the step's unique queries scored alone in the cache's layout; per-step w(q)
-    microbatch.py  optimizer mini-batches of whole groups and token-budgeted micro-batches
+    microbatch.py  optimizer mini-batches of whole groups; micro-batches of length-sorted rows by a token budget
 """
 
-from erpo_lightning.update.microbatch import micro_batches, minibatch_rows, trim_padding
+from erpo_lightning.update.microbatch import micro_batch_rows, micro_batches, minibatch_rows, trim_padding
 from erpo_lightning.update.query_pass import exact_query_kl, step_query_weights, unique_prompts
 from erpo_lightning.update.step import (
     Forward,
@@ -30,6 +30,7 @@ __all__ = [
     "exact_query_kl",
     "full_logits_forward",
     "micro_batch_loss",
+    "micro_batch_rows",
     "micro_batches",
     "minibatch_rows",
     "query_pass_term",

@@ -32,17 +32,31 @@ def trim_padding(batch: RolloutBatch) -> RolloutBatch:
     return batch.trim_columns(first, response_width)
 
 
-def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[RolloutBatch]:
-    """Consecutive micro-batches whose padded size (rows × longest real length) stays within `max_tokens`.
+def micro_batch_rows(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
+    """Row indices of each micro-batch: the rows sorted by real length, longest first (a stable sort, so equal
+    lengths keep their order), cut into runs whose padded size (rows × the run's longest length) stays within
+    `max_tokens`. Rows of similar length share a forward, so little of it is padding; the longest run comes first,
+    so a budget too large for the machine fails at the first forward. A row longer than the budget forms its own
+    micro-batch.
 
-    A single row longer than the budget still forms its own micro-batch. Each micro-batch is trimmed.
+    Args:
+        lengths: [N] real tokens of each row.
+    Returns:
+        index tensors (long) that together hold every row once.
     """
-    lengths = batch.attention_mask.sum(-1).tolist()
-    start, longest = 0, 0
-    for row, length in enumerate(lengths):
-        longest_with_row = max(longest, length)
-        if row > start and longest_with_row * (row - start + 1) > max_tokens:
-            yield trim_padding(batch.select_rows(torch.arange(start, row)))
-            start, longest_with_row = row, length
-        longest = longest_with_row
-    yield trim_padding(batch.select_rows(torch.arange(start, len(lengths))))
+    order = torch.argsort(lengths, descending=True, stable=True)
+    runs, start = [], 0
+    for position in range(1, len(order) + 1):
+        if position == len(order) or int(lengths[order[start]]) * (position - start + 1) > max_tokens:
+            runs.append(order[start:position])
+            start = position
+    return runs
+
+
+def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[RolloutBatch]:
+    """The micro-batches of `micro_batch_rows`, each trimmed of its padding columns (`trim_padding`).
+
+    The loss of each is divided by its step's global counts (`update.step_normalizers`), so how the rows are cut
+    changes the step's loss and gradient only by float rounding."""
+    for rows in micro_batch_rows(batch.attention_mask.sum(-1), max_tokens):
+        yield trim_padding(batch.select_rows(rows))
