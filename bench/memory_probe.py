@@ -28,7 +28,8 @@ class _MallInfo2(ctypes.Structure):
     )]  # fmt: skip
 
 
-def _status_bytes(field: str) -> int:
+def status_bytes(field: str) -> int:
+    """A size field of /proc/self/status (VmRSS, VmHWM, ...) in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
@@ -61,8 +62,8 @@ class PhaseProbe(L.Callback):
             "step": self.step,
             "seconds": round(time.perf_counter() - self.started, 2),
             "unix_time": time.time(),
-            "rss": _status_bytes("VmRSS"),
-            "peak": _status_bytes("VmHWM"),
+            "rss": status_bytes("VmRSS"),
+            "peak": status_bytes("VmHWM"),
             **heap_stats(),
         }
         with self.path.open("a") as handle:

@@ -55,11 +55,14 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
 
     Autograd keeps only x itself (in its own dtype) and the [N, L] logsumexps; backward rebuilds each chunk's softmax
     and writes the chunk's gradient straight into a gradient of x's dtype. No float32 copy of the whole of x is
-    formed: beyond x, memory is its gradient (needed by the layer below) and one chunk's temporaries.
+    formed: beyond x, memory is its gradient (needed by the layer below) and one chunk's temporaries. With
+    `gradient_into_logits`, for a caller whose logits nothing else reads (the training step's forward), backward
+    writes the gradient into x's own buffer, chunk by chunk after reading it: one [N, L, V] buffer at the peak, not
+    two. A later use of x in autograd then fails loudly (its version counter moved), never silently.
     """
 
     @staticmethod
-    def forward(ctx, logits, targets, scale, positions, with_entropy):
+    def forward(ctx, logits, targets, scale, positions, with_entropy, gradient_into_logits=False):
         # logits [N, L, V]; targets [N, L] long; scale [L] float32 (inverse temperature per position).
         compute = torch.promote_types(logits.dtype, torch.float32)
         rows, length, _ = logits.shape
@@ -75,7 +78,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 log_p = scaled.sub_(chunk_lse[..., None])
                 entropy[row, pos] = -(log_p.exp() * log_p).sum(-1)
         ctx.save_for_backward(logits, targets, scale, lse)
-        ctx.positions = positions
+        ctx.positions, ctx.gradient_into_logits = positions, gradient_into_logits
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
@@ -83,7 +86,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logprobs, _grad_entropy):
         logits, targets, scale, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)
+        # Each chunk is read (into `chunk`) before its gradient is written back, so the buffer can be reused.
+        grad = logits.detach() if ctx.gradient_into_logits else torch.empty_like(logits)
         for row, pos in _blocks(*logits.shape[:2], ctx.positions):
             # d/dx_j of (s·x_y − lse(s·x)) is s·(1[j = y] − p_j).
             weight = (grad_logprobs[row, pos] * scale[pos])[..., None]
@@ -91,7 +95,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             chunk.sub_(lse[row, pos, None]).exp_().mul_(-weight)
             chunk.scatter_add_(-1, targets[row, pos, None], weight)
             grad[row, pos] = chunk
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def _next_token_logprobs(
@@ -100,6 +104,7 @@ def _next_token_logprobs(
     inverse_temperature: torch.Tensor,
     with_entropy: bool,
     chunk_elements: int,
+    gradient_into_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Column-aligned next-token log-probs and entropies under softmax(logits[:, t] · inverse_temperature[t]).
 
@@ -115,7 +120,9 @@ def _next_token_logprobs(
     targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1))
     positions = _positions_per_chunk(logits.shape[-1], chunk_elements)
     scale = inverse_temperature.to(logits.device, torch.float32)
-    logprobs, entropy = _ChunkedTokenLogprobs.apply(logits, targets, scale, positions, with_entropy)
+    logprobs, entropy = _ChunkedTokenLogprobs.apply(
+        logits, targets, scale, positions, with_entropy, gradient_into_logits
+    )
 
     def align(per_position: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.pad(per_position[:, :-1], (1, 0), value=0.0)
@@ -188,11 +195,14 @@ def prompt_response_logprobs_and_entropy(
     *,
     with_entropy: bool = True,
     chunk_elements: int = CHUNK_ELEMENTS,
+    gradient_into_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`prompt_response_token_logprobs` and, from the same logsumexps, the entropy of every scored distribution.
 
     One pass over the logits instead of two: the trainer's response entropy (nats, at the sampling temperature) is
-    `entropy[:, P:]`, equal to `token_entropy(logits[:, P - 1 : -1], temperature)`.
+    `entropy[:, P:]`, equal to `token_entropy(logits[:, P - 1 : -1], temperature)`. `gradient_into_logits`: backward
+    writes the logits' gradient into their own buffer (one [N, L, V] buffer at the peak, not two), for a caller whose
+    logits nothing else reads afterwards.
 
     Returns:
         ([N, P + R] log-probs as `prompt_response_token_logprobs`, [N, P + R] entropies without gradient, column t
@@ -200,7 +210,7 @@ def prompt_response_logprobs_and_entropy(
         is false).
     """
     scale = _position_scale(logits.shape[1], prompt_length, temperature, logits.device)
-    return _next_token_logprobs(logits, input_ids, scale, with_entropy, chunk_elements)
+    return _next_token_logprobs(logits, input_ids, scale, with_entropy, chunk_elements, gradient_into_logits)
 
 
 def sequence_logprobs(

@@ -185,3 +185,34 @@ def test_gather_token_logprobs_uniform_temperature():
         got = gather_token_logprobs(logits, input_ids, 1.3, chunk_elements=chunk_elements)
         assert (got[:, 0] == 0).all()
         torch.testing.assert_close(got[:, 1:], expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gradient_written_into_the_logits_buffer_equals_a_fresh_one(dtype):
+    """`gradient_into_logits`: the same gradient, bit for bit, in the logits' own buffer (one [N, L, V] buffer at the
+    peak); a later autograd use of the overwritten logits fails loudly instead of reading the gradient."""
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randn(3, 9, VOCAB, generator=generator).to(dtype)
+    input_ids = torch.randint(0, VOCAB, (3, 9), generator=generator)
+    weights = torch.randn(3, 9, generator=generator)
+    gradients = {}
+    for into_logits in (False, True):
+        leaf = source.clone().requires_grad_(True)
+        logits = leaf * 1  # a non-leaf, as the LM head's output is
+        logprobs, _ = prompt_response_logprobs_and_entropy(
+            logits, input_ids, 4, 0.7, chunk_elements=2 * VOCAB, gradient_into_logits=into_logits
+        )
+        captured = []
+        logits.register_hook(captured.append)
+        (logprobs * weights).sum().backward()
+        gradients[into_logits] = leaf.grad
+        shares_buffer = captured[0].untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+        assert shares_buffer == into_logits
+    assert torch.equal(gradients[True], gradients[False])
+    leaf = source.clone().float().requires_grad_(True)
+    logits = leaf * 1
+    logprobs, _ = prompt_response_logprobs_and_entropy(logits, input_ids, 4, gradient_into_logits=True)
+    also_read = (logits * logits).sum()  # another node keeps the logits for its backward, run after ours
+    logprobs.sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        also_read.backward()

@@ -82,9 +82,12 @@ Forward = Callable[[torch.nn.Module, LossRows], tuple[torch.Tensor, torch.Tensor
 
 def full_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
     """The `Forward` of `shared_forward` scoring, which reads the prompt tokens too: the policy's logits at every
-    position, then log-probs and entropy from them."""
+    position, then log-probs and entropy from them. The logits live only here, so backward writes their gradient
+    into their own buffer (`gradient_into_logits`), as in `response_logits_forward`."""
     logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask)
-    return prompt_response_logprobs_and_entropy(logits, rows.input_ids, rows.prompt_length, rows.temperature)
+    return prompt_response_logprobs_and_entropy(
+        logits, rows.input_ids, rows.prompt_length, rows.temperature, gradient_into_logits=True
+    )
 
 
 def response_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,10 +96,12 @@ def response_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[to
     not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0."""
     prompt_length = rows.prompt_length
     keep = rows.input_ids.shape[1] - prompt_length + 1
-    logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask, logits_to_keep=keep)[:, -keep:]
+    logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask, logits_to_keep=keep)
+    if logits.shape[1] != keep:  # a model without `logits_to_keep`; slicing otherwise would copy the gradient back
+        logits = logits[:, -keep:]
     # Column 0 of the kept window is the last prompt token, unscored; columns 1.. are the response at T.
     logprobs, entropy = prompt_response_logprobs_and_entropy(
-        logits, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature
+        logits, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, gradient_into_logits=True
     )
     skipped = (prompt_length - 1, 0)
     return torch.nn.functional.pad(logprobs, skipped), torch.nn.functional.pad(entropy, skipped)
