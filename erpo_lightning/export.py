@@ -14,7 +14,9 @@ initial model has moved since training (the weights must still fit it).
 A LoRA run's checkpoint (`model.peft`) is written merged (W + scale·B·A per adapted layer, `merged_weights`): a plain
 model that transformers and vLLM load without peft. `--adapter_out` also writes the adapter alone in peft's format
 (`adapter_config.json`, `adapter_model.safetensors`: `PeftModel.from_pretrained(base, ADAPTER_DIR)`); its
-`base_model_name_or_path` is the initial model's absolute path (or its Hub id), wherever the export ran from.
+`base_model_name_or_path` is the initial model's absolute path (or its Hub id), wherever the export ran from. A
+checkpoint of the adapters alone (`model.peft.checkpoint: adapters`) gets its base from the initial model, whose
+weight files must hash as the checkpoint records (`evaluation.validate.load_policy_weights`).
 
 The folder also gets a model card, `README.md` (`model_card`): the initial model, the algorithm and its resolved loss
 settings, the global step, the run's last temperature sweep (from `--metrics`, else the sweep history the checkpoint

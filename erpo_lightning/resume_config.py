@@ -19,10 +19,12 @@ import lightning.pytorch as pl
 
 from erpo_lightning.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.errors import SettingsError
+from erpo_lightning.modules.lora_files import check_adapters_base
 from erpo_lightning.rewards import MathReward
 
 CONFIG_KEY = "erpo_config"  # the checkpoint entry holding the run's full `erpo fit` config
-# What a resume may change: how long the run goes on, and where and what it records; and the start-up seed, which
+# What a resume may change: how long the run goes on, and where and what it records (`model.peft.checkpoint`: what
+# a checkpoint holds of a LoRA policy; its load reads the checkpoint, not the setting); and the start-up seed, which
 # the checkpoint's RNG states replace (`seed_everything: true` draws a new one at every start). Anything else would
 # train on with other settings than the checkpoint's optimizer state, data position and metrics were made with.
 RESUMABLE_FIELDS = (
@@ -38,6 +40,7 @@ RESUMABLE_FIELDS = (
     "trainer.enable_progress_bar",
     "trainer.enable_model_summary",
     "data.num_workers",
+    "model.peft.checkpoint",
 )
 _NOT_SETTINGS = ("config", "ckpt_path")  # the config files' names, and the checkpoint itself
 _ALGORITHM_FIELDS = tuple(field.name for field in fields(Algorithm))
@@ -65,8 +68,10 @@ def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt
 
     A checkpoint written without the CLI has no full config: its module hyperparameters are compared with the
     fields of `model:` that this run's config holds: a hyperparameter the module no longer has (`temperature`, before
-    the rollout batch carried it) is not compared.
+    the rollout batch carried it) is not compared. A checkpoint of LoRA adapters alone must also find the base they
+    were trained on at `model.model_path` (`lora_files.check_adapters_base`: same weight files), before it loads.
     """
+    model_path = (config.get("model") or {}).get("model_path")
     saved = checkpoint.get(CONFIG_KEY)
     if saved is None:
         model = config.get("model", {})
@@ -84,6 +89,8 @@ def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt
             f"continues the same run and may change only {', '.join(RESUMABLE_FIELDS)}; start a new run (without "
             "--ckpt_path) to change anything else"
         )
+    if model_path:
+        check_adapters_base(checkpoint, str(model_path), ckpt_path)
 
 
 def differences(before: Any, now: Any, key: Key = ()) -> list[tuple[Key, Any, Any]]:
@@ -186,9 +193,11 @@ def _is_math_reward(class_path: Any) -> bool:
 
 def check_checkpoint_model(checkpoint: dict[str, Any], model_path: str, ckpt_path: str) -> None:
     """SettingsError when `checkpoint` was trained from another initial model than `model_path` (`erpo validate`
-    evaluates the checkpoint's weights in `model_path`'s architecture, with its tokenizer and template)."""
+    evaluates the checkpoint's weights in `model_path`'s architecture, with its tokenizer and template), or holds LoRA
+    adapters alone and the weight files at `model_path` are not their base's (`lora_files.check_adapters_base`)."""
     trained_from = checkpoint.get("hyper_parameters", {}).get("model_path")
     if trained_from is None or trained_from == model_path or _same_path(str(trained_from), model_path):
+        check_adapters_base(checkpoint, model_path, ckpt_path)
         return
     raise SettingsError(
         f"ckpt_path: {ckpt_path} was trained from model_path {trained_from}, but model.model_path is {model_path}; "

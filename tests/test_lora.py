@@ -107,7 +107,7 @@ def test_the_configuration_page_yaml_example_parses_into_these_settings(tmp_path
     config["model"].update({key: value for key, value in documented.items() if key != "model_path"})  # offline
     assert run_main("fit", "--config", str(write_config(tmp_path / "lora.yaml", config)), "--print_config") == 0
     printed = yaml.safe_load(capsys.readouterr().out)["model"]["peft"]
-    assert printed == {**documented["peft"], "seed": 0}
+    assert printed == {**documented["peft"], "seed": 0, "adapter_path": None, "checkpoint": "full"}
     assert ERPOModule(str(tiny_model_path), peft=printed).lora == LoraSettings(r=16, alpha=32.0)
 
 

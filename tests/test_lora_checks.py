@@ -122,7 +122,7 @@ def test_peft_field_names_are_answered_with_ours(peft_name, ours, tmp_path, tiny
     line = fails_in_one_line(capsys, "fit", "--config", str(config), f"--model.peft.{peft_name}", "0.5")
     assert line == (
         f"erpo: error: model.peft: no field {peft_name!r} (did you mean {ours!r}?); fields: r, alpha, dropout, "
-        "target_modules, seed"
+        "target_modules, seed, adapter_path, checkpoint"
     )
     with pytest.raises(ValueError, match=rf"^model.peft has no field '{peft_name}' \(did you mean '{ours}'\?\)"):
         ERPOModule(str(tiny_model_path), peft={peft_name: 0.5})

@@ -17,6 +17,7 @@ from rich.console import Console
 from erpo_lightning.checkpointing import read_checkpoint
 from erpo_lightning.evaluation.report import PLOT_PNG, SweepRun, plot_accuracy, print_tables, result_rows, write_results
 from erpo_lightning.evaluation.sweep import Sweep
+from erpo_lightning.modules.lora_files import check_adapters_base, fill_frozen_weights, trainable_state_names
 from erpo_lightning.modules.sharding import is_sharded_checkpoint, load_sharded_policy
 
 BASE = "base"
@@ -26,7 +27,9 @@ def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
     """Load the `policy.*` weights of a Lightning checkpoint into `policy` (strict: every weight must match).
 
     `ckpt_path` is a checkpoint file (single device, DDP) or a sharded checkpoint directory (FSDP2), read in one
-    process without a process group.
+    process without a process group. A file of LoRA adapters alone (`model.peft.checkpoint: adapters`) loads into the
+    adapters of `policy`, whose base must be the one they were trained on: its weight files, at `policy.name_or_path`,
+    hash as the checkpoint records (`lora_files.check_adapters_base`).
     """
     path = Path(ckpt_path)
     if is_sharded_checkpoint(path):
@@ -36,10 +39,13 @@ def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
         raise FileNotFoundError(
             f"{ckpt_path}: neither a checkpoint file nor a sharded checkpoint directory (one with a .metadata file)"
         )
-    state = read_checkpoint(path).get("state_dict", {})  # memory-mapped; an unreadable file is named
+    checkpoint = read_checkpoint(path)  # memory-mapped; an unreadable file is named
+    state = checkpoint.get("state_dict", {})
     weights = {key.removeprefix("policy."): value for key, value in state.items() if key.startswith("policy.")}
     if not weights:
         raise ValueError(f"{ckpt_path}: its state_dict has no `policy.*` weights (not an ERPOModule checkpoint?)")
+    if check_adapters_base(checkpoint, str(getattr(policy, "name_or_path", "")), ckpt_path):
+        fill_frozen_weights(weights, policy.state_dict(), trainable_state_names(policy))
     policy.load_state_dict(weights)
 
 

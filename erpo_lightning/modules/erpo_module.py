@@ -27,6 +27,13 @@ from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
+from erpo_lightning.modules.lora_files import (
+    check_adapters_base,
+    fill_frozen_weights,
+    keep_adapters_only,
+    load_adapter_weights,
+    trainable_state_names,
+)
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
 from erpo_lightning.modules.settings import Dtype, QueryKLScoring, check_module_settings, check_trainer_precision
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
@@ -88,8 +95,9 @@ class ERPOModule(L.LightningModule):
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
             None = compute in `dtype`. Ignored without FSDP2.
-        peft: LoRA adapters (`r`, `alpha`, `dropout`, `target_modules`, `seed`: `modules/lora.LoraSettings`) train
-            instead of the whole policy; θ0 stays the base model (docs/lora.md). None = full fine-tuning.
+        peft: LoRA adapters (`r`, `alpha`, `dropout`, `target_modules`, `seed`, `adapter_path`, `checkpoint`:
+            `modules/lora.LoraSettings`) train instead of the whole policy, fresh or from an adapter folder, and
+            checkpoints may hold them alone; θ0 stays the base model (docs/lora.md). None = full fine-tuning.
     """
 
     def __init__(
@@ -174,13 +182,22 @@ class ERPOModule(L.LightningModule):
         """Load the policy (and the frozen reference model when Policy-KL is used or monitored).
 
         Under `ModelParallelStrategy` both are sharded with FSDP2, one unit per decoder layer
-        (`sharding.shard_causal_lm`); under DDP or one device they stay whole.
+        (`sharding.shard_causal_lm`); under DDP or one device they stay whole. With `model.peft`, the adapters
+        start at B = 0 (still θ0) or at the weights of `peft.adapter_path`.
         """
         if self.policy is not None:
             return
+        if self.device_mesh is not None and self.lora is not None and self.lora.checkpoint == "adapters":
+            raise ValueError(
+                "model.peft.checkpoint 'adapters' is not supported under ModelParallelStrategy (FSDP2), whose sharded "
+                "checkpoints load every weight they expect; use checkpoint 'full'"
+            )
         self.policy = self._load_causal_lm().train()
         if self.lora is not None:  # adapters in place: same model class, B = 0 so still θ0
             summary = add_lora_adapters(self.policy, self.lora)
+            if self.lora.adapter_path is not None:
+                load_adapter_weights(self.policy, self.lora.adapter_path)
+                summary += f"; starting from the adapter at {self.lora.adapter_path}"
             if self._trainer is None or self.trainer.is_global_zero:
                 print(f"[erpo] {summary}", flush=True)
         if self.hparams.gradient_checkpointing:
@@ -214,7 +231,10 @@ class ERPOModule(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Add the module's counters and RNG states; refuse (ValueError) to save non-finite policy weights."""
+        """Add the module's counters and RNG states; refuse (ValueError) to save non-finite policy weights. With
+        `model.peft.checkpoint: adapters`, keep the adapters' weights alone (`lora_files.keep_adapters_only`)."""
+        if self.lora is not None and self.lora.checkpoint == "adapters":
+            keep_adapters_only(checkpoint, trainable_state_names(self), self.hparams.model_path)
         for name, tensor in checkpoint.get("state_dict", {}).items():
             local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor shard under FSDP2
             if torch.is_floating_point(local) and not torch.isfinite(local).all():
@@ -229,6 +249,12 @@ class ERPOModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the module's counters and RNG states. An adapters-only checkpoint is checked against the base
+        model just loaded from `model_path` (same weight files) and completed with its frozen weights, which the
+        strict load then leaves as they are."""
+        where = str(self.trainer.ckpt_path) if self._trainer is not None else "the checkpoint"
+        if check_adapters_base(checkpoint, self.hparams.model_path, where):
+            fill_frozen_weights(checkpoint["state_dict"], self.state_dict(), trainable_state_names(self))
         state = checkpoint.get("erpo", {})
         self.policy_version = state.get("policy_version", 0)
         self.zero_signal_skips = state.get("zero_signal_skips", 0)

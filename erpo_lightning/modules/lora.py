@@ -4,7 +4,9 @@ With `model.peft` set, `ERPOModule.configure_model` loads the base model as befo
 layers `target_modules` names (`add_lora_adapters`, peft's `inject_adapter_in_model`): the policy stays the same
 Hugging Face model class (generation, FSDP2's per-layer units and the log-prob code see the model they always saw),
 each adapted linear layer computes W·x + scale·B·A·x with scale = alpha / r, and only A and B train. B starts at 0, so
-the policy at step 0 is the base model, θ0, to the bit: the reference cache is the base model's, whatever `peft` says.
+the policy at step 0 is the base model, θ0, to the bit, unless `adapter_path` starts the adapters at a saved adapter
+(`lora_files.py`, which also writes and reads the adapters-only checkpoints of `checkpoint: adapters`); either way the
+reference cache is the base model's, whatever `peft` says.
 
 `target_modules` is checked against the model before any weight loads (`check_lora_targets_before_loading`: the
 model built from its config.json on the meta device): every entry must name linear layers, and not the LM head of a
@@ -45,6 +47,8 @@ _LORA_RULES: tuple[Rule, ...] = (
                                                                                           for n in v)),
         "'all-linear' or a non-empty list of module names (e.g. [q_proj, v_proj])",
     ),
+    ("adapter_path", lambda v: v is None or (isinstance(v, str) and v.strip() != ""), "null or a folder path"),
+    ("checkpoint", lambda v: v in ("full", "adapters"), "'full' or 'adapters'"),
 )  # fmt: skip
 
 
@@ -61,6 +65,17 @@ class LoraSettings:
             layers to adapt, as peft matches them (e.g. `[q_proj, k_proj, v_proj, o_proj]`).
         seed: seed of A's random initialisation (B starts at 0). Every rank draws the same A (FSDP2 does not
             broadcast the initial weights), and runs of one seed start from the same adapters.
+        adapter_path: a peft adapter folder (`adapter_config.json`, `adapter_model.safetensors`: what
+            `erpo export --adapter_out` or peft's `save_pretrained` writes) whose A and B the adapters start at, in
+            place of A drawn from `seed` and B = 0; None = a fresh adapter. Its r, lora_alpha and adapted layers
+            must be this group's `r`, `alpha` and `target_modules` (refused before any weight loads, naming the
+            field: nothing is taken from the folder silently). θ0 stays the base model (`model_path`): Query-KL,
+            w(q) and Policy-KL measure from the base, so the first step's Query-KL is the adapter's own drift.
+        checkpoint: what a checkpoint holds of the policy. `full`: every weight, the frozen base included.
+            `adapters`: the adapters alone (and their optimizer state, as always), with the hash of the base
+            model's weight files; loading (resume, `erpo export`, `erpo validate`) rebuilds the base from
+            `model_path` and refuses a base whose files hash otherwise. Single-file checkpoints only (one device,
+            DDP); refused under FSDP2. A resume may change it (it only decides what is written).
     """
 
     r: int = 16
@@ -68,6 +83,8 @@ class LoraSettings:
     dropout: float = 0.0
     target_modules: list[str] | Literal["all-linear"] = field(default="all-linear")
     seed: int = 0
+    adapter_path: str | None = None
+    checkpoint: Literal["full", "adapters"] = "full"
 
     def __post_init__(self) -> None:
         check_lora_settings(asdict(self))
@@ -171,16 +188,25 @@ def model_skeleton(model_path: str, trust_remote_code: bool = False) -> torch.nn
 def check_lora_targets_before_loading(
     settings: LoraSettings | Mapping[str, Any] | None, model_path: str | None, trust_remote_code: bool = False
 ) -> None:
-    """`check_lora_targets` on the skeleton of `model_path` (`model_skeleton`), before anything loads.
+    """`check_lora_targets` on the skeleton of `model_path` (`model_skeleton`), and the `adapter_path` folder against
+    the settings (`lora_files.check_adapter_folder`), before anything loads.
 
-    Nothing is checked without settings, without a path, for a `.gguf` file (checked once it is
-    converted: the CLI hands the module the converted folder) or when the config cannot be read.
+    Nothing is checked without settings. The targets are not checked without a path, for a `.gguf` file (checked
+    once it is converted: the CLI hands the module the converted folder) or when the config cannot be read; the
+    adapter folder's layers are then checked when its weights load.
     """
-    if settings is None or not model_path or str(model_path).lower().endswith(".gguf"):
+    if settings is None:
         return
-    skeleton = model_skeleton(str(model_path), trust_remote_code)
+    from erpo_lightning.modules.lora_files import check_adapter_folder  # lora_files imports this module
+
+    lora = lora_settings(settings)
+    skeleton = None
+    if model_path and not str(model_path).lower().endswith(".gguf"):
+        skeleton = model_skeleton(str(model_path), trust_remote_code)
     if skeleton is not None:
-        check_lora_targets(settings, skeleton, str(model_path))
+        check_lora_targets(lora, skeleton, str(model_path))
+    if lora.adapter_path is not None:
+        check_adapter_folder(lora, skeleton, str(model_path or "the model"))
 
 
 def adapter_parameters_before_loading(
@@ -249,6 +275,17 @@ def _check_rank(lora: LoraSettings, model: torch.nn.Module, source: str) -> None
             f"at most min(in, out) of its layer, and the largest here is {usable} ({name}, {fan_in} -> {fan_out}); "
             f"a larger r adds parameters, memory and step time and nothing else. Use r <= {usable}"
         )
+
+
+def adapted_layer_names(targets: str | Iterable[str], model: torch.nn.Module) -> set[str]:
+    """Full names of the linear layers of `model` that `targets` adapts as peft matches them: `all-linear` is every
+    linear layer but the LM head, a string otherwise a regex, a list names layers (`_target_matches`)."""
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    return {
+        name
+        for name, module in model.named_modules()
+        if _is_linear(module) and (module is not head if targets == "all-linear" else _target_matches(targets, name))
+    }
 
 
 def _adapted_layers(lora: LoraSettings, model: torch.nn.Module) -> list[tuple[str, int, int]]:

@@ -1,0 +1,181 @@
+"""LoRA adapters on disk: a policy that starts from a peft adapter folder (`model.peft.adapter_path`), and checkpoints
+that hold the adapters alone (`model.peft.checkpoint: adapters`). docs/lora.md.
+
+An adapter folder is peft's `save_pretrained` format, which `erpo export --adapter_out` writes: `adapter_config.json`
+and `adapter_model.safetensors`, whose tensors are named `base_model.model.<layer>.lora_A.weight`; the policy's
+adapters (peft's `inject_adapter_in_model`) are `<layer>.lora_A.default.weight`. An adapters-only checkpoint drops
+every frozen weight from the Lightning state dict and records the base model it was trained on by the hash of its
+weight files (`data.fingerprint.weights_hash`, the reference cache's own): loading rebuilds the base from
+`model_path`, refuses one that hashes otherwise, and puts the adapters on it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from erpo_lightning.errors import SettingsError
+from erpo_lightning.modules.lora import LoraSettings, adapted_layer_names
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # peft's name of the wrapped model, in front of every saved tensor name
+ADAPTER_NAME = "default"  # the one adapter `add_lora_adapters` adds
+# The checkpoint entry of an adapters-only checkpoint: {"base_model_path": ..., "base_weights_hash": ...}.
+ADAPTERS_ONLY_KEY = "erpo_lora_adapters_only"
+# adapter_config.json fields of LoRA variants this project does not train, with plain LoRA's value.
+_PLAIN_LORA = (
+    ("use_dora", False),
+    ("use_rslora", False),
+    ("bias", "none"),
+    ("modules_to_save", None),
+    ("layers_to_transform", None),
+    ("rank_pattern", {}),
+    ("alpha_pattern", {}),
+)
+
+
+# --------------------------------------------------------------------------------------- starting from a folder
+def read_adapter_config(folder: str) -> dict[str, Any]:
+    """The `adapter_config.json` of the adapter folder `folder`; ValueError naming `model.peft.adapter_path` when
+    the folder does not exist, lacks the config or the weights, or its config does not parse."""
+    where = f"model.peft.adapter_path {folder}"
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"{where}: no such folder (a peft adapter folder, as `erpo export --adapter_out` writes)")
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (path / name).is_file():
+            raise ValueError(
+                f"{where} holds no {name}: not a peft adapter folder (`erpo export --adapter_out` and peft's "
+                f"save_pretrained write {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})"
+            )
+    try:
+        config = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{where}: its {ADAPTER_CONFIG} does not parse ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: its {ADAPTER_CONFIG} is not a JSON object")
+    return config
+
+
+def check_adapter_folder(lora: LoraSettings, skeleton: torch.nn.Module | None, source: str) -> None:
+    """ValueError naming the field when the adapter at `lora.adapter_path` is not one these settings describe: a
+    LoRA variant (DoRA, rsLoRA, biases, extra trained modules, per-layer ranks), or its r / lora_alpha differ from
+    `model.peft.r` / `alpha`, or (on the model's meta-device `skeleton`, when there is one) it adapts other layers
+    than `model.peft.target_modules`. `dropout` may differ: it shapes no weight. Reads the config, no weights."""
+    config = read_adapter_config(lora.adapter_path)
+    where = f"model.peft.adapter_path {lora.adapter_path}"
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{where}: a {config.get('peft_type')} adapter; only LoRA adapters can start a run")
+    for key, plain in _PLAIN_LORA:
+        value = config.get(key)
+        if value and value != plain:
+            raise ValueError(f"{where}: its {ADAPTER_CONFIG} sets {key} {value!r}; only plain LoRA can start a run")
+    for ours, theirs in (("r", "r"), ("alpha", "lora_alpha")):
+        if config.get(theirs) != getattr(lora, ours):
+            raise ValueError(
+                f"model.peft.{ours} is {getattr(lora, ours)!r}, but the adapter at model.peft.adapter_path "
+                f"{lora.adapter_path} has {theirs} {config.get(theirs)!r}: set model.peft.{ours} {config.get(theirs)}"
+            )
+    if skeleton is None:
+        return
+    targets = config.get("target_modules")
+    ours, theirs = adapted_layer_names(lora.target_modules, skeleton), adapted_layer_names(targets or [], skeleton)
+    if ours != theirs:
+        only = sorted(theirs - ours) or sorted(ours - theirs)
+        side = "the folder's adapter has" if theirs - ours else "model.peft.target_modules adds"
+        raise ValueError(
+            f"model.peft.target_modules {lora.target_modules!r} adapts other layers of {source} than the adapter at "
+            f"model.peft.adapter_path {lora.adapter_path} (target_modules {targets!r}): {side} {only[0]}"
+            f"{f' and {len(only) - 1} more' if len(only) > 1 else ''}; set model.peft.target_modules to {targets!r}"
+        )
+
+
+def load_adapter_weights(policy: torch.nn.Module, folder: str) -> None:
+    """Copy the adapter of the peft folder `folder` into the adapters of `policy` (`add_lora_adapters` with the
+    same settings): every trainable parameter gets the tensor of its name, cast to its dtype. ValueError naming
+    `model.peft.adapter_path` when a name is on one side only or a shape differs."""
+    from safetensors.torch import load_file
+
+    where = f"model.peft.adapter_path {folder}"
+    saved = load_file(Path(folder).expanduser() / ADAPTER_WEIGHTS)
+    weights = {_policy_name(name): tensor for name, tensor in saved.items()}
+    adapters = {name: parameter for name, parameter in policy.named_parameters() if parameter.requires_grad}
+    missing, extra = sorted(adapters.keys() - weights.keys()), sorted(weights.keys() - adapters.keys())
+    if missing or extra:
+        problem = f"has no tensor for {missing[0]}" if missing else f"has {extra[0]}, which the policy has not"
+        raise ValueError(f"{where}: its {ADAPTER_WEIGHTS} {problem}; are r and target_modules the adapter's?")
+    for name, parameter in adapters.items():
+        if weights[name].shape != parameter.shape:
+            raise ValueError(
+                f"{where}: {name} is {tuple(weights[name].shape)} in {ADAPTER_WEIGHTS}, "
+                f"{tuple(parameter.shape)} in the policy"
+            )
+    with torch.no_grad():
+        for name, parameter in adapters.items():
+            parameter.copy_(weights[name])
+
+
+def _policy_name(saved_name: str) -> str:
+    """`base_model.model.X.lora_A.weight` (peft's file) -> `X.lora_A.default.weight` (the policy's parameter)."""
+    module, _, leaf = saved_name.removeprefix(PEFT_PREFIX).rpartition(".")
+    return f"{module}.{ADAPTER_NAME}.{leaf}" if module.endswith((".lora_A", ".lora_B")) else saved_name
+
+
+# ------------------------------------------------------------------------------------ adapters-only checkpoints
+def base_weights_hash(model_path: str) -> str:
+    """sha256 over the names and contents of the weight files of `model_path` (a folder or a Hub id); each file is
+    read once per version on this machine (`file_hashes.cached_file_sha256`)."""
+    from erpo_lightning.data.fingerprint import resolve_model_dir, weights_hash
+
+    return weights_hash(resolve_model_dir(model_path))
+
+
+def trainable_state_names(module: torch.nn.Module) -> set[str]:
+    """The state-dict names of the parameters of `module` that train (a LoRA policy's adapters)."""
+    return {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+
+
+def keep_adapters_only(checkpoint: dict[str, Any], adapter_names: Collection[str], model_path: str) -> None:
+    """Drop from `checkpoint["state_dict"]` every entry but `adapter_names` (the frozen base, and a Policy-KL
+    reference model's copy of it) and record the base model they were trained on (ADAPTERS_ONLY_KEY)."""
+    state = checkpoint["state_dict"]
+    checkpoint["state_dict"] = {name: value for name, value in state.items() if name in adapter_names}
+    checkpoint[ADAPTERS_ONLY_KEY] = {"base_model_path": model_path, "base_weights_hash": base_weights_hash(model_path)}
+
+
+def check_adapters_base(checkpoint: Mapping[str, Any], model_path: str, ckpt_path: str) -> bool:
+    """Whether `checkpoint` holds the adapters alone; SettingsError naming `model.model_path` when it does and the
+    weight files of `model_path` hash otherwise than those of the base it was trained on."""
+    record = checkpoint.get(ADAPTERS_ONLY_KEY)
+    if record is None:
+        return False
+    if not model_path:
+        raise SettingsError(
+            f"{ckpt_path} holds LoRA adapters only (model.peft.checkpoint: adapters), and the model to load them on "
+            f"names no base model (its name_or_path is empty); load it from {record['base_model_path']}"
+        )
+    found = base_weights_hash(model_path)
+    if found != record["base_weights_hash"]:
+        raise SettingsError(
+            f"model.model_path: {ckpt_path} holds LoRA adapters only (model.peft.checkpoint: adapters), trained on "
+            f"the base model {record['base_model_path']} whose weight files hash to {record['base_weights_hash'][:16]}"
+            f", but the weight files of {model_path} hash to {found[:16]}: the adapters would sit on other weights; "
+            "load them on the base they were trained on"
+        )
+    return True
+
+
+def fill_frozen_weights(
+    state: dict[str, torch.Tensor], current: Mapping[str, torch.Tensor], adapter_names: Collection[str]
+) -> None:
+    """Complete an adapters-only `state` with the frozen entries of `current` (the model's own state dict: the base
+    just loaded from `model_path`), so that a strict load still checks every adapter's name and shape and leaves the
+    base as it was loaded."""
+    for name, value in current.items():
+        if name not in adapter_names:
+            state.setdefault(name, value)
