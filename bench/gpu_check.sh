@@ -2,9 +2,10 @@
 # The GPU check of issue 27 (item 6), for one lent NVIDIA H200, in under 8 minutes; prints JSON lines.
 #
 #  1. env: Python, torch, the CUDA device, package versions; the package's training module imports.
-#  2. bench/bench_step.py: 3 timed steps (after one warm-up) each of erpo, grpo and grpo_kl on a randomly initialised
-#     Qwen2 of the Qwen2-1.5B shape (built there: nothing is downloaded), bf16, under Lightning's
-#     ModelParallelStrategy (FSDP2 over a 1-GPU mesh), on the same replayed rollout batch (no generation engine).
+#  2. bench/bench_step.py: 3 timed steps (after one warm-up) of each arm (erpo, erpo_shared_forward, grpo, grpo_kl;
+#     or erpo and grpo against .baseline/'s code, below) on a randomly initialised Qwen2 of the Qwen2-1.5B shape
+#     (built there: nothing is downloaded), bf16, under Lightning's ModelParallelStrategy (FSDP2 over a 1-GPU mesh),
+#     on the same replayed rollout batch (no generation engine); step time, peak and memory above the step's rest.
 #  3. bench/bench_memory.py on CUDA at a 152,064-token vocabulary, float32 and bfloat16, one round.
 #  4. bench/bench_query_exactness.py: are the training step's query scores the reference cache's to the bit (issue
 #     38 item 3), in float32 and bfloat16, at the 1.5B shape; and the shared forward's gap, for contrast.
@@ -48,6 +49,13 @@ else
     step_args=(--device cuda --size 1.5b --dtype bfloat16 --steps 3 --threads 8 --queries 8 --group-size 4
         --prompt-len 256 --response-len 1024 --micro-batch-tokens 16384)
     memory_args=(--device cuda --dtypes float32 bfloat16 --steps 2 --threads 8)
+fi
+# Before against after: an earlier commit's package in .baseline/ (git-ignored; made here with
+# `mkdir -p .baseline && git archive <commit> erpo_lightning | tar -x -C .baseline`, carried with [".whl", ".baseline"])
+# runs erpo and grpo a second time with that code, interleaved (bench_step's --baseline-source): four workers, as
+# the four arms are without it, within the same time limit.
+if [[ -d .baseline/erpo_lightning ]]; then
+    step_args+=(--arms erpo grpo --baseline-source .baseline)
 fi
 
 env_probe=$(
@@ -119,7 +127,7 @@ if step is not None:
         "ratios": step["ratios"],
         **{
             key: {name: result[key] for name, result in per_algorithm.items()}
-            for key in ("step_s_median", "peak_mib", "sharded")
+            for key in ("step_s_median", "peak_mib", "above_rest_mib_median", "sharded")
         },
     }
 memory = read("bench_memory")
