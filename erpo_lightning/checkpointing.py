@@ -300,7 +300,9 @@ def run_folders(trainer: pl.Trainer) -> list[str]:
     """The local folders a fit writes into and no second run may share: each ModelCheckpoint's folder (its dirpath,
     or the logger's version folder Lightning resolves it to) and the first logger's `log_dir`.
 
-    Reading the logger's version fixes it for this run, as Lightning would a moment later.
+    Reading the logger's version fixes it for this run, as Lightning would a moment later. A folder inside another
+    of them (the checkpoints Lightning puts in the logger's version folder) is covered by that folder's lock: its
+    own lock file would sit in the logger's folder, which the CSV logger would then warn is not empty.
     """
     folders = []
     for callback in trainer.checkpoint_callbacks:
@@ -308,7 +310,8 @@ def run_folders(trainer: pl.Trainer) -> list[str]:
             folders.append(str(callback._ModelCheckpoint__resolve_ckpt_dir(trainer)))
     if trainer.loggers and getattr(trainer.loggers[0], "log_dir", None) is not None:
         folders.append(str(trainer.loggers[0].log_dir))
-    return [folder for folder in folders if isinstance(get_filesystem(folder), LocalFileSystem)]
+    local = [Path(folder).resolve() for folder in folders if isinstance(get_filesystem(folder), LocalFileSystem)]
+    return [str(folder) for folder in local if not any(other in folder.parents for other in local)]
 
 
 SHARDED_METADATA = "meta.pt"  # what Lightning's ModelParallelStrategy writes beside a sharded checkpoint's tensors

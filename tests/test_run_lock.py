@@ -60,3 +60,14 @@ def test_a_second_fit_on_a_locked_checkpoint_folder_fails_at_once(tmp_path, tiny
     assert f"{folder} is in use by another erpo run (pid {holder.pid} on" in err, err[-2000:]
     assert not (tmp_path / "cache").exists()  # failed before the reference cache was built
     assert yaml.safe_load(config.read_text())  # the config is untouched
+
+
+def test_checkpoints_in_the_loggers_folder_put_no_lock_file_there(healthy_toy_run):
+    """Lightning's default checkpoints sit in the logger's version folder; the logger folder's lock covers them, so
+    no lock file lands inside it and the CSV logger never warns that a fresh run's folder "is not empty"."""
+    log_dir = healthy_toy_run.log_dir
+    assert healthy_toy_run.checkpoint.parent.parent == log_dir  # the nested case
+    assert not list(log_dir.glob(".*.erpo.lock"))
+    assert lock_path(log_dir).exists()  # beside the logger's folder, released (empty) at the end
+    assert lock_path(log_dir).read_text() == ""
+    assert "exists and is not empty" not in healthy_toy_run.stderr
