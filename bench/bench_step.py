@@ -1,10 +1,11 @@
-"""Training-step cost of `erpo` (exact Query-KL scoring, the default, and `shared_forward`) vs `grpo` (β = 0) vs
-`grpo_kl`, on the same replayed rollout batch; prints JSON.
+"""Training-step cost of `erpo` (exact Query-KL scoring, the default; `shared_forward`; `shared_prompt`, each prompt
+forwarded once with its responses on its keys and values) vs `grpo` (β = 0, exact or shared prompt) vs `grpo_kl`, on
+the same replayed rollout batch; prints JSON.
 
 ERPO's claims: Query-KL is cheap (against cached reference scores: with `shared_forward` it reuses the forward that
 scores the responses; exact scoring adds one forward and backward over the step's unique queries), and it needs no
 reference model in memory, unlike Policy-KL. Each arm (ARMS) runs in its own subprocess (so peak memory is its own),
-the four interleaved over `--rounds`, each doing `--steps` timed optimizer steps after one warm-up step on the
+all interleaved over `--rounds`, each doing `--steps` timed optimizer steps after one warm-up step on the
 identical rollout batch. Ratios are of medians measured in the same run.
 
     .venv/bin/python bench/bench_step.py                         # CPU, ~20M-parameter Qwen2, fp32
@@ -39,7 +40,8 @@ from erpo_lightning.rollout.engine import Sample
 
 # arm -> (model.algorithm, model.query_kl_scoring)
 ARMS = {"erpo": ("erpo", "exact"), "erpo_shared_forward": ("erpo", "shared_forward"), "grpo": ("grpo", "exact"),
-        "grpo_kl": ("grpo_kl", "exact")}  # fmt: skip
+        "grpo_kl": ("grpo_kl", "exact"), "erpo_shared_prompt": ("erpo", "shared_prompt"),
+        "grpo_shared_prompt": ("grpo", "shared_prompt")}  # fmt: skip
 Strategy = Literal["auto", "model_parallel"]
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
 # "0.5b" is Qwen2.5-0.5B's, "1.5b" Qwen2-1.5B's (both with the 151,936-token vocabulary).
@@ -242,6 +244,10 @@ def main() -> None:
         help="a source tree (e.g. a git worktree of an earlier commit): each arm runs a second time with its code, "
         "interleaved with this tree's, named <arm>@baseline",
     )
+    parser.add_argument(
+        "--baseline-arms", nargs="+", help="the arms run from --baseline-source (default: --arms; an arm that tree "
+        "does not have fails)",
+    )  # fmt: skip
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -256,8 +262,8 @@ def main() -> None:
         sources = {}
         if args.baseline_source:
             baseline = str(Path(args.baseline_source).resolve())
-            for name in args.arms:
-                workers[f"{name}@baseline"] = workers[name]
+            for name in args.baseline_arms or args.arms:
+                workers[f"{name}@baseline"] = ["--arm", name, "--workdir", workdir]
                 sources[f"{name}@baseline"] = baseline
         results = run_workers(__file__, workers, args.rounds, sources)
     summary = {
@@ -286,6 +292,15 @@ RATIOS = {  # name -> (numerator, denominator, quantity)
     "step_erpo_over_grpo_kl": ("erpo", "grpo_kl", "step_s_median"),
     "step_grpo_kl_over_grpo": ("grpo_kl", "grpo", "step_s_median"),
     "peak_erpo_over_grpo_kl": ("erpo", "grpo_kl", "peak_mib"),
+    "step_erpo_shared_prompt_over_grpo": ("erpo_shared_prompt", "grpo", "step_s_median"),
+    "step_erpo_shared_prompt_over_grpo_shared_prompt": ("erpo_shared_prompt", "grpo_shared_prompt", "step_s_median"),
+    "step_erpo_shared_prompt_over_erpo": ("erpo_shared_prompt", "erpo", "step_s_median"),
+    "step_erpo_shared_prompt_over_erpo@baseline": ("erpo_shared_prompt", "erpo@baseline", "step_s_median"),
+    "above_rest_erpo_shared_prompt_over_erpo@baseline": (
+        "erpo_shared_prompt",
+        "erpo@baseline",
+        "above_rest_mib_median",
+    ),  # fmt: skip
 }
 
 

@@ -287,14 +287,27 @@ def causal_lm_logits(
     `logits_to_keep` > 0 asks the model for the last that many positions' logits only (Hugging Face's argument);
     a model without the argument returns all of them, so callers slice `[:, -logits_to_keep:]` themselves.
     """
+    return causal_lm_output(model, input_ids, attention_mask, logits_to_keep=logits_to_keep).logits
+
+
+def causal_lm_output(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    logits_to_keep: int = 0,
+    use_cache: bool = False,
+):
+    """The model's output (`.logits` [N, L, V], and `.past_key_values` with `use_cache`) of the forward
+    `causal_lm_logits` runs. The cache does not change the computation: the keys and values are kept, not reused."""
     extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and _accepts_logits_to_keep(model) else {}
     return model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
+        use_cache=use_cache,
         **extra,
-    ).logits
+    )
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:

@@ -59,7 +59,7 @@ def setup(tiny_model_path, tiny_model):
     return tiny_model_path, reference, rollout_batch(tiny_model), tiny_model
 
 
-@pytest.mark.parametrize(("scoring", "tolerance"), [("exact", 0.0), ("shared_forward", 1e-3)])
+@pytest.mark.parametrize(("scoring", "tolerance"), [("exact", 0.0), ("shared_prompt", 0.0), ("shared_forward", 1e-3)])
 @pytest.mark.parametrize("estimator", ["sequence_k3", "token_k3"])
 def test_loss_matches_formula_at_step_zero(setup, estimator, scoring, tolerance):
     path, reference, batch, model = setup
@@ -104,9 +104,10 @@ def test_rows_masked_by_the_rollout_leave_the_loss(setup):
     assert trainer.callback_metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
 
 
-@pytest.mark.parametrize(("scoring", "query_forwards"), [("shared_forward", 0), ("exact", 1)])
+@pytest.mark.parametrize(("scoring", "query_forwards"), [("shared_forward", 0), ("exact", 1), ("shared_prompt", 1)])
 def test_exactly_one_forward_per_micro_batch(setup, scoring, query_forwards):
-    """Plus, with exact scoring, one per query-scoring block: both prompts (5 and 3 tokens) pad to one width."""
+    """Plus, with exact scoring or the shared prompt, one per query-scoring block: both prompts (5 and 3 tokens) pad
+    to one width. Under the shared prompt the micro-batches forward their responses alone (4 columns)."""
     path, reference, batch, _ = setup
     module = make_module(path, reference, micro_batch_tokens=18, query_kl_scoring=scoring)  # rows are 9 wide
     calls = []
@@ -117,6 +118,8 @@ def test_exactly_one_forward_per_micro_batch(setup, scoring, query_forwards):
     fit_one_batch(module, batch)
     assert len(calls) == 2 + query_forwards and [shape[0] for shape in calls[query_forwards:]] == [2, 2]  # 2 per micro
     assert calls[:query_forwards] == [torch.Size([QueryScoringLayout().rows, 64])] * query_forwards  # queries first
+    if scoring == "shared_prompt":  # responses alone: at most the widest response's 4 tokens, no prompt column
+        assert all(shape[1] <= 4 for shape in calls[query_forwards:])
 
 
 def test_query_kl_zero_at_step_zero_then_logged_and_growing_for_grpo(setup):

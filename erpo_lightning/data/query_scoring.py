@@ -54,6 +54,21 @@ class QueryScoringLayout:
         return asdict(self)
 
 
+def block_input_ids(
+    prompts: Sequence[Sequence[int]], layout: QueryScoringLayout, device: torch.device | str
+) -> torch.Tensor:
+    """[layout.rows, W] token ids of one scoring block: each query right-padded with token 0 to the block's padded
+    width W, and padding rows of token 0 after the queries. Refuses (ValueError) queries of different padded widths
+    or more queries than `layout.rows`."""
+    widths = {layout.width(len(ids)) for ids in prompts}
+    if len(widths) != 1 or not 1 <= len(prompts) <= layout.rows:
+        raise ValueError(f"a scoring block holds 1 to {layout.rows} queries of one padded width, got widths {widths}")
+    input_ids = torch.zeros(layout.rows, widths.pop(), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    return input_ids.to(device)
+
+
 def score_block(
     model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: QueryScoringLayout
 ) -> list[torch.Tensor]:
@@ -67,14 +82,7 @@ def score_block(
         One [L_q] float32 tensor per query on the model's device (column t = log p(token t | tokens < t); column 0
         has no context and is whatever the forward gives: callers ignore it).
     """
-    widths = {layout.width(len(ids)) for ids in prompts}
-    if len(widths) != 1 or not 1 <= len(prompts) <= layout.rows:
-        raise ValueError(f"a scoring block holds 1 to {layout.rows} queries of one padded width, got widths {widths}")
-    device = next(model.parameters()).device
-    input_ids = torch.zeros(layout.rows, widths.pop(), dtype=torch.long)  # padding rows and columns: token 0
-    for row, ids in enumerate(prompts):
-        input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    input_ids = input_ids.to(device)
+    input_ids = block_input_ids(prompts, layout, next(model.parameters()).device)
     # An all-ones mask: padding sits after every real token, so causal attention keeps it out of every real score.
     token_logprobs = sequence_logprobs(model, input_ids, torch.ones_like(input_ids)).float()
     return [token_logprobs[row, : len(ids)] for row, ids in enumerate(prompts)]

@@ -237,7 +237,8 @@ class ERPOTrainer(GRPOTrainer):
             raise ValueError(f"ERPOTrainer: {problem}")
         if query_kl_scoring not in ("exact", "shared_forward"):
             raise ValueError(
-                f"ERPOTrainer: query_kl_scoring must be 'exact' or 'shared_forward', got {query_kl_scoring!r}"
+                f"ERPOTrainer: query_kl_scoring must be 'exact' or 'shared_forward' ('shared_prompt' is erpo fit's "
+                f"only), got {query_kl_scoring!r}"
             )
         self.query_kl_scoring = query_kl_scoring
         if algorithm.query_kl_tolerance is None:  # as erpo fit: nothing under exact scoring, else the noise floor

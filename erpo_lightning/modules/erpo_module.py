@@ -78,7 +78,10 @@ class ERPOModule(L.LightningModule):
         gradient_clip_norm: max global grad norm, > 0 (None = no clipping).
         query_kl_scoring: how the step scores the queries for Query-KL. `exact`: the unique queries alone, in the
             reference cache's layout (`update/query_pass.py`), equal to the cache bit for bit at θ0 in any
-            precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_forward`:
+            precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_prompt`:
+            that same forward of each query also carries its G responses, which run on its cached keys and values
+            (`update/shared_prompt.py`): exact, and each prompt is forwarded once per step instead of G + 1 times;
+            not with gradient checkpointing or FSDP2. `shared_forward`:
             from the [prompt; response] forward that scores the responses (the paper's "no extra forward"), whose
             rounding differs from the cache's, so `query_kl_tolerance` defaults to the compute dtype's noise floor.
         skip_zero_signal_steps: skip an optimizer step whose gradient is exactly 0 on every rank (no group with
@@ -157,7 +160,7 @@ class ERPOModule(L.LightningModule):
         # Every field of `Algorithm` is a parameter of this module of the same name: None keeps the preset's value.
         overrides = {field.name: self.hparams[field.name] for field in fields(Algorithm)}
         self.algorithm: Algorithm = resolve_algorithm(algorithm, **overrides)
-        if self.algorithm.query_kl_tolerance is None and query_kl_scoring == "exact":  # exact: nothing to tolerate
+        if self.algorithm.query_kl_tolerance is None and query_kl_scoring != "shared_forward":  # exact: none needed
             self.algorithm = replace(self.algorithm, query_kl_tolerance=0.0)
         self.guard = NonFiniteGuard(nan_policy, max_consecutive_skips)
         self.automatic_optimization = False
@@ -187,6 +190,12 @@ class ERPOModule(L.LightningModule):
         """
         if self.policy is not None:
             return
+        if self.device_mesh is not None and self.hparams.query_kl_scoring == "shared_prompt":
+            raise ValueError(
+                "model.query_kl_scoring 'shared_prompt' is not supported under ModelParallelStrategy (FSDP2): the "
+                "prompts' backward runs after their responses', which FSDP2's per-layer hooks do not expect; use "
+                "query_kl_scoring 'exact'"
+            )
         if self.device_mesh is not None and self.lora is not None and self.lora.checkpoint == "adapters":
             raise ValueError(
                 "model.peft.checkpoint 'adapters' is not supported under ModelParallelStrategy (FSDP2), whose sharded "
@@ -367,13 +376,14 @@ class ERPOModule(L.LightningModule):
         )
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
-        exact = self.hparams.query_kl_scoring == "exact"
+        scoring = self.hparams.query_kl_scoring
         step = accumulate_gradients(
             self.policy, rollout_loss_rows(batch, self.hparams.loss_constant or batch.max_new_tokens),
             ((self._loss_rows(micro), real) for micro, real in self._micro_batches(batch)),
-            batch.group_size, self.algorithm, normalizers, lambda share: self.manual_backward(share * scale),
-            self.reference_cache if exact else None,
+            batch.group_size, self.algorithm, normalizers, self.manual_backward,
+            None if scoring == "shared_forward" else self.reference_cache,
             lambda count: int(all_reduce(self._trainer, count, "max", self.device)), self.reference_policy,
+            share_prompt=scoring == "shared_prompt", loss_scale=scale,
         )  # fmt: skip
         # the whole step's values, equal on every rank
         step_loss, step_pg_loss = self._global_sum(torch.stack([step.loss, step.pg_loss]))

@@ -15,7 +15,7 @@ from erpo_lightning.modules.optim import NonFiniteGuard, check_optimizer_setting
 from erpo_lightning.setting_rules import Rule, check_rules
 
 Dtype = Literal["float32", "bfloat16", "float16"]
-QueryKLScoring = Literal["exact", "shared_forward"]
+QueryKLScoring = Literal["exact", "shared_prompt", "shared_forward"]
 
 # One rule for the weights' dtype and the FSDP2 compute dtype: float16 needs loss scaling, which the step does not do.
 _NOT_FLOAT16 = (
@@ -69,6 +69,12 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         settings.get("weight_decay"), settings.get("warmup_steps", 0),
     )  # fmt: skip
     NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
+    if settings.get("query_kl_scoring") == "shared_prompt" and settings.get("gradient_checkpointing"):
+        raise ValueError(
+            "model.query_kl_scoring 'shared_prompt' cannot be combined with model.gradient_checkpointing: the "
+            "responses run on their prompt's cached keys and values, and Hugging Face models drop that cache under "
+            "gradient checkpointing; use query_kl_scoring 'exact' (its step forwards each prompt with its responses)"
+        )
     if settings.get("peft") is not None:  # LoRA: its ranges, peft installed, its targets, before any weight loads
         check_lora_settings(settings["peft"])
         require_peft()

@@ -5,10 +5,12 @@ torch (no Lightning import). `ERPOModule` (Lightning) and `integrations.trl.ERPO
                    `accumulate_gradients` (one optimizer step's backward), `StepStats`, `step_normalizers`
     query_pass.py  Query-KL on the step's unique queries scored alone in the cache's layout; per-step w(q)
     microbatch.py  optimizer mini-batches of whole groups; micro-batches of length-sorted rows by a token budget
+    shared_prompt.py  each query forwarded once (`prompt_pass`), its responses on its keys and values
 """
 
 from erpo_lightning.update.microbatch import micro_batch_rows, micro_batches, minibatch_rows, trim_padding
 from erpo_lightning.update.query_pass import exact_query_kl, step_query_weights, unique_prompts
+from erpo_lightning.update.shared_prompt import PromptPass, prompt_pass
 from erpo_lightning.update.step import (
     Forward,
     LossRows,
@@ -25,6 +27,7 @@ from erpo_lightning.update.step import (
 __all__ = [
     "Forward",
     "LossRows",
+    "PromptPass",
     "StepStats",
     "accumulate_gradients",
     "exact_query_kl",
@@ -33,6 +36,7 @@ __all__ = [
     "micro_batch_rows",
     "micro_batches",
     "minibatch_rows",
+    "prompt_pass",
     "query_pass_term",
     "response_logits_forward",
     "rollout_loss_rows",

@@ -15,8 +15,11 @@ import torch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.data.query_scoring import score_block
+from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
 from erpo_lightning.logprobs import sequence_logprobs
+
+# A scoring block's forward: (policy, the block's queries' token ids, layout) -> one [L_q] log-prob row per query.
+BlockScore = Callable[[torch.nn.Module, list[list[int]], QueryScoringLayout], list[torch.Tensor]]
 
 
 def unique_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, is_leader: torch.Tensor) -> list[list[int]]:
@@ -46,6 +49,7 @@ def exact_query_kl(
     backward: Callable[[torch.Tensor], None] | None,
     most_blocks: Callable[[int], int],
     constant: float | None = None,
+    score: BlockScore = score_block,
 ) -> tuple[torch.Tensor, obj.QueryDrift]:
     """Score the step's unique queries block by block; when Query-KL is optimised (α > 0), α · its term.
 
@@ -62,6 +66,8 @@ def exact_query_kl(
             None: the shares are summed, with their graph, into the returned term (a trainer that runs backward).
         most_blocks: this rank's block count in, the largest over ranks out.
         constant: Dr. GRPO's normaliser, when the PG loss uses `seq_sum_constant`.
+        score: the block's forward (`data.query_scoring.score_block`'s contract; `shared_prompt.PromptPass` keeps
+            its keys and values too). It runs with grad only when Query-KL is optimised, unless it enables grad.
     Returns:
         α · the Query-KL term on this rank's queries (detached when `backward` is given), and their drift
         (`objectives.QueryDrift`, one value per query).
@@ -82,7 +88,7 @@ def exact_query_kl(
         block = blocks[number] if real else []
         queries = [prompts[p] for p in block] if real else [[0, 0]]  # a filler: two padding tokens, weight 0
         with torch.set_grad_enabled(coef > 0 and torch.is_grad_enabled()):  # (an evaluation loop has it off)
-            current, mask = right_padded_rows(score_block(policy, queries, layout))
+            current, mask = right_padded_rows(score(policy, queries, layout))
         if real:
             reference, _ = right_padded_rows([cache.row(int(q)).to(current) for q in query_index[block]])
             rows_each = multiplicity[block]

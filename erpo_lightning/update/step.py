@@ -21,10 +21,11 @@ from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.logprobs import causal_lm_logits, prompt_response_logprobs_and_entropy, response_logprobs
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
+from erpo_lightning.update.shared_prompt import prompt_pass
 
 GlobalSum = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over all ranks
 GlobalMax = Callable[[int], int]  # a count's largest value over all ranks
-Backward = Callable[[torch.Tensor], None]  # runs backward on a loss share (and scales it for the trainer's averaging)
+Backward = Callable[[torch.Tensor], None]  # runs backward on a loss (a share of the step's, already scaled)
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,8 @@ def accumulate_gradients(
     cache: ReferenceLogprobCache | None,
     most_blocks: GlobalMax,
     reference_policy: torch.nn.Module | None = None,
+    share_prompt: bool = False,
+    loss_scale: float = 1.0,
 ) -> StepStats:
     """Forward and backward of one optimizer step on this rank: first the exact Query-KL pass over the step's unique
     queries (`cache` given; None under `shared_forward`), then every micro-batch. The gradients accumulate in the
@@ -225,26 +228,49 @@ def accumulate_gradients(
 
     Under FSDP2 a forward without backward leaves the root's weights gathered, and the micro-batches' backward is
     what reshards them: so the query pass (whose backward is skipped when Query-KL is only monitored) runs first.
+    With `share_prompt` (`shared_prompt.prompt_pass`) the query pass keeps each query's keys and values, the
+    micro-batches forward only their responses on them, and one last backward runs through the query pass.
 
     Args:
         step_rows: the step's rows (its unique queries are read from them).
         micro_batches: (rows, real) pairs; a filler (real False) runs forward and backward with weight 0, since
             every rank must run as many (each runs collectives).
-        backward: runs backward on one loss share.
+        backward: runs backward on a loss.
+        loss_scale: what each loss share is multiplied by before `backward` (a trainer's averaging over ranks).
     """
     device = step_rows.input_ids.device
     stats = StepStats(torch.zeros((), device=device), torch.zeros((), device=device))
-    if cache is not None:
+    forward, shared = None, None
+    if share_prompt:
+        if cache is None:
+            raise ValueError("the shared prompt scores the queries in the reference cache's layout: pass the cache")
+        leaders = step_rows.is_group_leader
+        prompts = unique_prompts(
+            step_rows.input_ids[:, : step_rows.prompt_length], step_rows.attention_mask[:, : step_rows.prompt_length],
+            leaders,
+        )  # fmt: skip
+        shared = prompt_pass(
+            policy, prompts, step_rows.query_index[leaders].cpu(), group_size, cache, algorithm, normalizers,
+            most_blocks, step_rows.constant,
+        )  # fmt: skip
+        stats.query_drift, forward = shared.drift, shared.forward
+    elif cache is not None:
         term, stats.query_drift = query_pass_term(
-            policy, step_rows, group_size, cache, algorithm, normalizers, backward, most_blocks
-        )
+            policy, step_rows, group_size, cache, algorithm, normalizers,
+            lambda share: backward(share * loss_scale), most_blocks,
+        )  # fmt: skip
         stats.loss = stats.loss + term
     for rows, real in micro_batches:
-        loss, loss_stats = micro_batch_loss(policy, rows, algorithm, normalizers, reference_policy)
+        loss, loss_stats = micro_batch_loss(policy, rows, algorithm, normalizers, reference_policy, forward)
         # Even a non-finite loss goes through backward: every rank must run the same collectives.
-        backward(loss * (1.0 if real else 0.0))
+        backward(loss * (loss_scale if real else 0.0))
         if real:
             stats.loss = stats.loss + loss.detach()
             stats.pg_loss = stats.pg_loss + loss_stats.pg_loss
             stats.micro.append((rows, loss_stats))
+    if shared is not None:
+        closing = shared.closing_loss(loss_scale)
+        if closing.requires_grad:
+            backward(closing)
+        stats.loss = stats.loss + shared.term.detach()
     return stats

@@ -1,0 +1,196 @@
+"""The shared prompt (`query_kl_scoring: shared_prompt`): each of a step's queries is forwarded once, in the
+reference cache's layout, and that one forward both scores it for Query-KL and carries its G responses.
+
+The exact pass (`query_pass.exact_query_kl`) already forwards every unique query alone, in the blocks the cache was
+built in, so its Query-KL is exactly 0 at θ0. Here that forward also keeps each query's keys and values and the
+logits at its last token, and every micro-batch's responses run on top of them (`PromptPass.forward`): a response
+row forwards R tokens instead of P + R. A step then costs Q·W prompt tokens plus N·R response tokens, against the
+plain step's N·(P + R) plus the exact pass's Q·W.
+
+The responses' gradient reaches the prompt forward in one backward at the end of the step: each micro-batch's
+backward stops at detached copies of the keys, values and last logits (leaves, whose gradients accumulate), and
+`PromptPass.closing_loss` sends what they gathered, with the Query-KL term, through the prompt forward once. The
+loss and gradients equal the plain forward's up to float rounding (tests/test_shared_prompt.py).
+
+Hugging Face drops the key/value cache under gradient checkpointing, so that combination is refused
+(`modules/settings.py`), as is FSDP2, whose per-layer hooks expect each forward's backward in one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.data.cache import ReferenceLogprobCache
+from erpo_lightning.data.query_scoring import QueryScoringLayout, block_input_ids
+from erpo_lightning.logprobs import causal_lm_output, gather_token_logprobs, prompt_response_logprobs_and_entropy
+from erpo_lightning.update.query_pass import exact_query_kl
+
+
+@dataclass
+class _Block:
+    """One scoring block's forward: its real queries' count, keys and values per layer ([rows, H, W, D] each) and
+    logits [rows, W, V], with their graph."""
+
+    lengths: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    logits: torch.Tensor
+
+
+@dataclass
+class PromptPass:
+    """A step's unique queries forwarded once each (`prompt_pass`), and what their responses read.
+
+    Attributes:
+        term: α · Query-KL of the queries (0-dim, with its graph when α > 0), as `exact_query_kl` returns it.
+        drift: the queries' drift from θ0 (`objectives.QueryDrift`).
+        row_of: a query's cache row -> its row in `keys`, `values`, `last_logits` and `lengths`.
+        lengths: [Q] long, each query's tokens.
+        keys, values: per layer, [Q, H, W, D] leaves (detached, requiring grad): each query's keys and values,
+            right-padded to the step's widest query W. Micro-batches read these; their gradients accumulate here.
+        last_logits: [Q, V] leaf, the logits at each query's last token (they predict its responses' first token).
+        graph: the forward's own tensors behind each leaf, in the order (keys..., values..., last_logits), and the
+            filler blocks' logits (a rank with fewer queries runs as many blocks), for `closing_loss`.
+    """
+
+    term: torch.Tensor
+    drift: obj.QueryDrift
+    row_of: dict[int, int]
+    lengths: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    last_logits: torch.Tensor
+    graph: list[torch.Tensor] = field(default_factory=list)
+    fillers: list[torch.Tensor] = field(default_factory=list)
+
+    def forward(self, policy: torch.nn.Module, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `step.Forward` of a micro-batch under the shared prompt: its responses on their queries' keys and
+        values. Column P (the first response token) is scored from the query's last logits, columns P + 1.. from the
+        response forward, all at the rows' temperature; the prompt columns are 0.
+
+        Args:
+            rows: `step.LossRows` of queries this pass holds.
+        Returns:
+            ([N, P + R] log-probs, [N, P + R] entropies without gradient).
+        """
+        prompt_length, temperature = rows.prompt_length, rows.temperature
+        device = rows.input_ids.device
+        places = torch.tensor([self.row_of[int(q)] for q in rows.query_index.tolist()], device=device)
+        lengths = self.lengths[places]
+        width = int(lengths.max())
+        cache = DynamicCache(
+            ddp_cache_data=[
+                (keys.index_select(0, places)[:, :, :width], values.index_select(0, places)[:, :, :width])
+                for keys, values in zip(self.keys, self.values, strict=True)
+            ],
+            config=getattr(policy, "config", None),
+        )
+        response_ids, response_mask = rows.input_ids[:, prompt_length:], rows.attention_mask[:, prompt_length:]
+        prompt_mask = (torch.arange(width, device=device) < lengths[:, None]).to(response_mask.dtype)
+        positions = lengths[:, None] + torch.arange(response_ids.shape[1], device=device)
+        logits = policy(
+            input_ids=response_ids,
+            attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
+        # Position j of the response forward predicts response token j + 1; column 0 is scored below.
+        rest, rest_entropy = prompt_response_logprobs_and_entropy(
+            logits, response_ids, 1, temperature, gradient_into_logits=True
+        )
+        first = self.last_logits.index_select(0, places).float() / temperature
+        first_log_p = torch.log_softmax(first, dim=-1)
+        first_logprob = first_log_p.gather(-1, response_ids[:, :1])
+        first_entropy = -(first_log_p.exp() * first_log_p).sum(-1, keepdim=True).detach()
+        before = (prompt_length, 0)
+        return (
+            torch.nn.functional.pad(torch.cat([first_logprob, rest[:, 1:]], dim=1), before),
+            torch.nn.functional.pad(torch.cat([first_entropy, rest_entropy[:, 1:]], dim=1), before),
+        )
+
+    def closing_loss(self, loss_scale: float = 1.0) -> torch.Tensor:
+        """The loss whose backward finishes the step's gradient through the prompt forward: `loss_scale` · the
+        Query-KL term plus Σ ⟨forward tensor, its leaf's gradient⟩, whose gradient in each forward tensor is
+        exactly what the micro-batches' backwards (already scaled) left in its leaf."""
+        total = self.term * loss_scale
+        for tensor, leaf in zip(self.graph, (*self.keys, *self.values, self.last_logits), strict=True):
+            if leaf.grad is not None:
+                total = total + (tensor * leaf.grad).sum()
+        for logits in self.fillers:  # weight 0: their backward runs the same collectives as a real block's
+            total = total + 0.0 * logits.float().sum()
+        return total
+
+
+def _leaf(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().requires_grad_(tensor.requires_grad)
+
+
+def prompt_pass(
+    policy: torch.nn.Module,
+    prompts: list[list[int]],
+    query_index: torch.Tensor,
+    rows_per_query: int,
+    cache: ReferenceLogprobCache,
+    algorithm: obj.LossSettings,
+    normalizers: dict[str, torch.Tensor],
+    most_blocks,
+    constant: float | None = None,
+) -> PromptPass:
+    """Forward the step's unique queries once, in the cache's layout (`query_pass.exact_query_kl`, whose arguments
+    these are, with no backward), keeping their keys, values and last logits for `PromptPass.forward`."""
+    blocks: list[_Block] = []
+    with_grad = torch.is_grad_enabled()
+
+    def score(model: torch.nn.Module, queries: list[list[int]], layout: QueryScoringLayout) -> list[torch.Tensor]:
+        input_ids = block_input_ids(queries, layout, next(model.parameters()).device)
+        with torch.set_grad_enabled(with_grad):  # the responses need the prompt's graph even when α = 0
+            output = causal_lm_output(model, input_ids, torch.ones_like(input_ids), use_cache=True)
+            token_logprobs = gather_token_logprobs(output.logits, input_ids).float()
+        layers = output.past_key_values.layers
+        lengths = [len(ids) for ids in queries]
+        blocks.append(
+            _Block(lengths, [layer.keys for layer in layers], [layer.values for layer in layers], output.logits)
+        )
+        return [token_logprobs[row, :length] for row, length in enumerate(lengths)]
+
+    term, drift = exact_query_kl(
+        policy, prompts, query_index, rows_per_query, cache, algorithm, normalizers, None, most_blocks, constant,
+        score=score,
+    )  # fmt: skip
+    real = len(cache.layout.blocks([len(ids) for ids in prompts]))
+    order = [position for block in cache.layout.blocks([len(ids) for ids in prompts]) for position in block]
+    width = max(len(ids) for ids in prompts)
+
+    def stacked(per_block: list[torch.Tensor]) -> torch.Tensor:  # real rows, right-padded to `width` tokens
+        return torch.cat(
+            [
+                torch.nn.functional.pad(
+                    tensor[: len(block.lengths), :, :width], (0, 0, 0, width - min(width, tensor.shape[2]))
+                )
+                for tensor, block in zip(per_block, blocks[:real], strict=True)
+            ]
+        )
+
+    layers = range(len(blocks[0].keys))
+    keys = [stacked([block.keys[layer] for block in blocks[:real]]) for layer in layers]
+    values = [stacked([block.values[layer] for block in blocks[:real]]) for layer in layers]
+    last_logits = torch.cat(
+        [block.logits[range(len(block.lengths)), [length - 1 for length in block.lengths]] for block in blocks[:real]]
+    )
+    lengths = torch.tensor([len(prompts[position]) for position in order], device=last_logits.device)
+    return PromptPass(
+        term=term,
+        drift=drift,
+        row_of={int(query_index[position]): row for row, position in enumerate(order)},
+        lengths=lengths,
+        keys=[_leaf(tensor) for tensor in keys],
+        values=[_leaf(tensor) for tensor in values],
+        last_logits=_leaf(last_logits),
+        graph=[*keys, *values, last_logits],
+        fillers=[block.logits for block in blocks[real:]],
+    )

@@ -1,0 +1,122 @@
+"""The shared prompt (`update/shared_prompt.py`): each query forwarded once, its responses on its keys and values.
+The step's loss and gradients equal the plain exact step's within float32 rounding, and Query-KL at θ0 stays exactly
+0 in float32 and bfloat16."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers.batches import carrying_scores
+from helpers.module_steps import PROMPTS, ReferenceLogprobs, rollout_batch
+
+from erpo_lightning import objectives as obj
+from erpo_lightning.algorithms import resolve_algorithm
+from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
+from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
+from erpo_lightning.modules.settings import check_module_settings
+from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.update import accumulate_gradients, micro_batches, rollout_loss_rows, step_normalizers
+
+
+class LayoutScores(ReferenceLogprobs):
+    """θ0's query scores computed as the cache build does: `score_block` in the layout, no grad."""
+
+    def __init__(self, model, prompts, layout=None):
+        super().__init__(model, prompts)
+        self.layout = layout or QueryScoringLayout()
+        with torch.no_grad():
+            self.rows = [score_block(model, [p], self.layout)[0] for p in prompts]
+
+
+def step(model, algorithm, batch, cache, max_tokens, share_prompt, reference_policy=None):
+    """The parameters' gradients, the step's loss, its micro-batches' stats and its query drift."""
+    model.zero_grad(set_to_none=True)
+    rows = rollout_loss_rows(batch, 4)
+    normalizers = step_normalizers(
+        batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
+    )
+    micros = ((rollout_loss_rows(micro, 4), True) for micro in micro_batches(batch, max_tokens))
+    stats = accumulate_gradients(
+        model, rows, micros, batch.group_size, algorithm, normalizers, lambda loss: loss.backward(), cache,
+        lambda count: count, reference_policy, share_prompt=share_prompt,
+    )  # fmt: skip
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return grads, stats
+
+
+def prepared(model, cache, algorithm, perturb=True):
+    batch = rollout_batch(model)
+    if perturb:  # off θ0, so Query-KL and its gradient are not 0
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.requires_grad:
+                    noise = torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0))
+                    parameter.add_(0.05 * noise.to(parameter.dtype))
+    batch = carrying_scores(batch, algorithm, cache.nll)
+    if batch.query_weights is None:
+        batch = replace(batch, query_weights=obj.query_weights(cache.nll, cache.nll.mean()).repeat_interleave(2))
+    return replace(batch, advantages=obj.group_advantages(batch.rewards, batch.group_size, "grpo"))
+
+
+@pytest.mark.parametrize("preset", ["erpo", "grpo", "grpo_kl", "dr_grpo", "erpo_released"])
+@pytest.mark.parametrize("max_tokens", [10_000, 1])
+def test_the_shared_prompt_step_equals_the_exact_step(tiny_model_path, preset, max_tokens):
+    """Same loss, Query-KL drift, response log-probs, entropies and gradients as the plain exact step, in one
+    micro-batch or one per row; the prompt forward's gradient does arrive (the embeddings of prompt-only tokens)."""
+    model = load_tiny_model(tiny_model_path)
+    cache = LayoutScores(model, PROMPTS)
+    algorithm = resolve_algorithm(preset)
+    batch = prepared(model, cache, algorithm)
+    theta0 = load_tiny_model(tiny_model_path).requires_grad_(False) if algorithm.policy_kl_coef > 0 else None
+    plain, plain_stats = step(model, algorithm, batch, cache, max_tokens, False, theta0)
+    shared, shared_stats = step(model, algorithm, batch, cache, max_tokens, True, theta0)
+    torch.testing.assert_close(shared_stats.loss, plain_stats.loss, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(shared_stats.pg_loss, plain_stats.pg_loss, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(shared_stats.query_drift.query_kl, plain_stats.query_drift.query_kl)
+    for (rows, a), (_, b) in zip(shared_stats.micro, plain_stats.micro, strict=True):
+        mask = rows.response_mask.bool()
+        torch.testing.assert_close(a.entropy[mask], b.entropy[mask], rtol=1e-5, atol=1e-6)
+    assert shared.keys() == plain.keys() and shared
+    for name in plain:
+        torch.testing.assert_close(shared[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
+    embeddings = shared["model.embed_tokens.weight"]
+    assert embeddings[PROMPTS[0][0]].abs().max() > 0  # a prompt token's embedding: reached only through the prompt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_query_kl_at_theta0_is_exactly_zero_under_the_shared_prompt(tiny_model_path, dtype):
+    """At θ0 the prompt forward is the cache build's, to the bit: every query token's log-ratio is exactly 0 and
+    the Query-KL term adds nothing, in float32 and bfloat16."""
+    model = load_tiny_model(tiny_model_path).to(dtype)
+    cache = LayoutScores(model, PROMPTS)
+    algorithm = resolve_algorithm("erpo", query_kl_tolerance=0.0)
+    batch = prepared(model, cache, algorithm, perturb=False)
+    _, stats = step(model, algorithm, batch, cache, 10_000, True)
+    drift = stats.query_drift.query_loglik_change
+    assert drift.numel() == len(PROMPTS) and torch.equal(drift, torch.zeros_like(drift))
+    assert torch.equal(stats.query_drift.query_kl, torch.zeros_like(drift))
+    assert torch.equal(stats.loss, stats.pg_loss)  # no Query-KL in the loss
+
+
+def test_lora_adapters_train_the_same_under_the_shared_prompt(tiny_model_path):
+    """With LoRA adapters the shared prompt's gradients reach the adapters as the plain step's do."""
+    model = load_tiny_model(tiny_model_path)
+    add_lora_adapters(model, LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # B = 0 would keep the adapters' input gradient out of the picture
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    cache = LayoutScores(model, PROMPTS)
+    algorithm = resolve_algorithm("erpo")
+    batch = prepared(model, cache, algorithm)
+    plain, _ = step(model, algorithm, batch, cache, 10_000, False)
+    shared, _ = step(model, algorithm, batch, cache, 10_000, True)
+    assert shared.keys() == plain.keys() and all("lora_" in name for name in plain)
+    for name in plain:
+        torch.testing.assert_close(shared[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_gradient_checkpointing_is_refused_with_the_shared_prompt():
+    with pytest.raises(ValueError, match="gradient_checkpointing.*drop that cache"):
+        check_module_settings({"query_kl_scoring": "shared_prompt", "gradient_checkpointing": True})
+    check_module_settings({"query_kl_scoring": "exact", "gradient_checkpointing": True})
