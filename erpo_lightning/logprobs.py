@@ -251,9 +251,19 @@ def response_logprobs(
     Returns:
         [N, R] float32 log p(response token | everything before it) at `temperature`; padding columns are junk.
     """
+    logits = response_window_logits(model, input_ids, attention_mask, prompt_length)
+    return gather_token_logprobs(logits, input_ids[:, prompt_length - 1 :], temperature)[:, 1:]
+
+
+def response_window_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+) -> torch.Tensor:
+    """[N, R + 1, V] logits at the positions that predict response tokens, from the last prompt token on, of a
+    forward over `[prompt; response]` rows ([N, P + R], prompts left-padded to P): the output layer runs on those
+    positions only (`logits_to_keep`), or, for a model without that argument, on all and the window is sliced."""
     keep = input_ids.shape[1] - prompt_length + 1
     logits = causal_lm_logits(model, input_ids, attention_mask, logits_to_keep=keep)
-    return gather_token_logprobs(logits[:, -keep:], input_ids[:, prompt_length - 1 :], temperature)[:, 1:]
+    return logits if logits.shape[1] == keep else logits[:, -keep:]
 
 
 @torch.no_grad()

@@ -35,7 +35,7 @@ def step(model, algorithm, batch, cache, max_tokens, share_prompt, reference_pol
     normalizers = step_normalizers(
         batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
     )
-    micros = ((rollout_loss_rows(micro, 4), True) for micro in micro_batches(batch, max_tokens))
+    micros = ((rollout_loss_rows(micro, 4), True) for _, micro in micro_batches(batch, max_tokens))
     stats = accumulate_gradients(
         model, rows, micros, batch.group_size, algorithm, normalizers, lambda loss: loss.backward(), cache,
         lambda count: count, reference_policy, share_prompt=share_prompt,

@@ -46,7 +46,9 @@ def step_gradients(model, algorithm, batch, reference, max_tokens, reference_pol
     normalizers = step_normalizers(
         batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
     )
-    micros = ((rollout_loss_rows(micro, batch.max_new_tokens or 4), True) for micro in micro_batches(batch, max_tokens))
+    micros = (
+        (rollout_loss_rows(micro, batch.max_new_tokens or 4), True) for _, micro in micro_batches(batch, max_tokens)
+    )
     stats = accumulate_gradients(
         model, rows, micros, batch.group_size, algorithm, normalizers, lambda share: share.backward(), reference,
         lambda count: count, reference_policy,

@@ -32,15 +32,16 @@ def all_reduce(
 
 def rank_aligned_micro_batches(
     trainer: L.Trainer | None, batch: RolloutBatch, max_tokens: int, device: torch.device
-) -> Iterator[tuple[RolloutBatch, bool]]:
-    """(micro-batch, real) pairs: `batch`'s micro-batches, then one-row fillers (real=False) until every rank
-    has yielded as many. Under DDP and FSDP every forward/backward runs collectives, so the counts must agree.
+) -> Iterator[tuple[RolloutBatch, torch.Tensor | None]]:
+    """(micro-batch, its row indices into `batch`) pairs: `batch`'s micro-batches, then one-row fillers (rows None)
+    until every rank has yielded as many. Under DDP and FSDP every forward/backward runs collectives, so the counts
+    must agree.
     """
     micros = list(micro_batches(batch, max_tokens))
     count = int(all_reduce(trainer, len(micros), "max", device))
-    yield from ((micro, True) for micro in micros)
-    filler = micros[0].select_rows(torch.arange(1))
-    yield from ((filler, False) for _ in range(count - len(micros)))
+    yield from ((micro, rows) for rows, micro in micros)
+    filler = micros[0][1].select_rows(torch.arange(1))
+    yield from ((filler, None) for _ in range(count - len(micros)))
 
 
 def global_advantages(

@@ -48,7 +48,6 @@ from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.update import (
     LossRows,
     accumulate_gradients,
-    micro_batch_rows,
     minibatch_rows,
     rollout_loss_rows,
     step_normalizers,
@@ -285,14 +284,12 @@ class ERPOModule(L.LightningModule):
     def _recompute_old_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
         old = torch.zeros_like(batch.sampling_logprobs)
-        # The real micro-batches come first, in the order of micro_batch_rows (rows sorted by length, not in order).
-        rows = micro_batch_rows(batch.attention_mask.sum(-1), self.hparams.micro_batch_tokens)
-        for number, (micro, real) in enumerate(self._micro_batches(batch)):
+        for micro, rows in self._micro_batches(batch):  # rows sorted by length, not in order; None: a filler
             response = response_logprobs(
                 self.policy, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature
             )
-            if real:
-                old[rows[number], : response.shape[1]] = response
+            if rows is not None:
+                old[rows, : response.shape[1]] = response
         return old
 
     def _check_loss_constant(self, rollout: RolloutBatch) -> None:
@@ -356,7 +353,8 @@ class ERPOModule(L.LightningModule):
         return all_reduce(self._trainer, value, "sum", self.device)
 
     def _micro_batches(self, batch: RolloutBatch):
-        """(micro-batch, real) pairs within the token budget, as many on every rank (see `distributed`)."""
+        """(micro-batch, row indices or None for a filler) pairs within the token budget, as many on every rank (see
+        `distributed`)."""
         return rank_aligned_micro_batches(self._trainer, batch, self.hparams.micro_batch_tokens, self.device)
 
     def _loss_rows(self, batch: RolloutBatch) -> LossRows:
@@ -379,7 +377,7 @@ class ERPOModule(L.LightningModule):
         scoring = self.hparams.query_kl_scoring
         step = accumulate_gradients(
             self.policy, rollout_loss_rows(batch, self.hparams.loss_constant or batch.max_new_tokens),
-            ((self._loss_rows(micro), real) for micro, real in self._micro_batches(batch)),
+            ((self._loss_rows(micro), rows is not None) for micro, rows in self._micro_batches(batch)),
             batch.group_size, self.algorithm, normalizers, self.manual_backward,
             None if scoring == "shared_forward" else self.reference_cache,
             lambda count: int(all_reduce(self._trainer, count, "max", self.device)), self.reference_policy,

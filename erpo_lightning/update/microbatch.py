@@ -53,10 +53,11 @@ def micro_batch_rows(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tenso
     return runs
 
 
-def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[RolloutBatch]:
-    """The micro-batches of `micro_batch_rows`, each trimmed of its padding columns (`trim_padding`).
+def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[tuple[torch.Tensor, RolloutBatch]]:
+    """(row indices into `batch`, micro-batch) pairs of `micro_batch_rows`, each micro-batch trimmed of its padding
+    columns (`trim_padding`).
 
     The loss of each is divided by its step's global counts (`update.step_normalizers`), so how the rows are cut
     changes the step's loss and gradient only by float rounding."""
     for rows in micro_batch_rows(batch.attention_mask.sum(-1), max_tokens):
-        yield trim_padding(batch.select_rows(rows))
+        yield rows, trim_padding(batch.select_rows(rows))

@@ -18,7 +18,12 @@ import torch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.logprobs import causal_lm_logits, prompt_response_logprobs_and_entropy, response_logprobs
+from erpo_lightning.logprobs import (
+    causal_lm_logits,
+    prompt_response_logprobs_and_entropy,
+    response_logprobs,
+    response_window_logits,
+)
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.update.shared_prompt import prompt_pass
@@ -96,10 +101,7 @@ def response_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[to
     log-softmax and the entropy run on the R + 1 positions that predict response tokens only (`logits_to_keep`),
     not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0."""
     prompt_length = rows.prompt_length
-    keep = rows.input_ids.shape[1] - prompt_length + 1
-    logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask, logits_to_keep=keep)
-    if logits.shape[1] != keep:  # a model without `logits_to_keep`; slicing otherwise would copy the gradient back
-        logits = logits[:, -keep:]
+    logits = response_window_logits(policy, rows.input_ids, rows.attention_mask, prompt_length)
     # Column 0 of the kept window is the last prompt token, unscored; columns 1.. are the response at T.
     logprobs, entropy = prompt_response_logprobs_and_entropy(
         logits, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, gradient_into_logits=True
