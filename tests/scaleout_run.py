@@ -56,6 +56,11 @@ CONFIGS = {
         query_kl_estimator="sequence_k3", policy_kl_coef=0.05, num_iterations=2, micro_batch_tokens=20,
         gradient_checkpointing=True,
     ),
+    # `erpo` with the shared prompt: each query forwarded once, its responses on its keys and values.
+    "shared_prompt": dict(
+        algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, warmup_steps=2,
+        gradient_clip_norm=0.5, query_kl_scoring="shared_prompt",
+    ),
     # LoRA adapters on every linear layer (the base frozen), as `erpo`; activation checkpointing through the adapters.
     "lora": dict(
         algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, gradient_clip_norm=0.5,

@@ -62,6 +62,15 @@ def test_two_processes_equal_one(erpo_runs, strategy):
     assert_same_run(erpo_runs["single"], erpo_runs[strategy])
 
 
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
+def test_the_shared_prompt_on_two_processes_equals_the_exact_step_on_one(erpo_runs, model_dir, tmp_path, strategy):
+    """`query_kl_scoring: shared_prompt` (the responses on their prompt's keys and values, the prompt's backward last)
+    trains as exact scoring does, on one process and under DDP and FSDP2, with uneven micro-batch counts per rank."""
+    shared = train(model_dir, tmp_path / strategy, strategy, "shared_prompt")
+    assert shared["sharded"] == (strategy == "fsdp")
+    assert_same_run(erpo_runs["single"], shared)
+
+
 def test_resume_from_fsdp2_checkpoint_continues_identically(erpo_runs):
     resumed = erpo_runs["resumed"]
     assert [record["epoch"] for record in resumed["records"]] == [1, 2]

@@ -80,7 +80,7 @@ class ERPOModule(L.LightningModule):
             precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_prompt`:
             that same forward of each query also carries its G responses, which run on its cached keys and values
             (`update/shared_prompt.py`): exact, and each prompt is forwarded once per step instead of G + 1 times;
-            not with gradient checkpointing or FSDP2. `shared_forward`:
+            not with gradient checkpointing. `shared_forward`:
             from the [prompt; response] forward that scores the responses (the paper's "no extra forward"), whose
             rounding differs from the cache's, so `query_kl_tolerance` defaults to the compute dtype's noise floor.
         skip_zero_signal_steps: skip an optimizer step whose gradient is exactly 0 on every rank (no group with
@@ -189,12 +189,6 @@ class ERPOModule(L.LightningModule):
         """
         if self.policy is not None:
             return
-        if self.device_mesh is not None and self.hparams.query_kl_scoring == "shared_prompt":
-            raise ValueError(
-                "model.query_kl_scoring 'shared_prompt' is not supported under ModelParallelStrategy (FSDP2): the "
-                "prompts' backward runs after their responses', which FSDP2's per-layer hooks do not expect; use "
-                "query_kl_scoring 'exact'"
-            )
         if self.device_mesh is not None and self.lora is not None and self.lora.checkpoint == "adapters":
             raise ValueError(
                 "model.peft.checkpoint 'adapters' is not supported under ModelParallelStrategy (FSDP2), whose sharded "

@@ -13,7 +13,8 @@ backward stops at detached copies of the keys, values and last logits (leaves, w
 loss and gradients equal the plain forward's up to float rounding (tests/test_shared_prompt.py).
 
 Hugging Face drops the key/value cache under gradient checkpointing, so that combination is refused
-(`modules/settings.py`), as is FSDP2, whose per-layer hooks expect each forward's backward in one pass.
+(`modules/settings.py`). Under DDP and FSDP2 (gloo, 2 processes) a run equals one process's
+(tests/test_distributed.py).
 """
 
 from __future__ import annotations
