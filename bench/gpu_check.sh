@@ -2,8 +2,8 @@
 # The GPU check of issue 27 (item 6), for one lent NVIDIA H200, in under 8 minutes; prints JSON lines.
 #
 #  1. env: Python, torch, the CUDA device, package versions; the package's training module imports.
-#  2. bench/bench_step.py: 3 timed steps (after one warm-up) of each arm (erpo, erpo_shared_forward, grpo, grpo_kl;
-#     or erpo and grpo against .baseline/'s code, below) on a randomly initialised Qwen2 of the Qwen2-1.5B shape
+#  2. bench/bench_step.py: 3 timed steps (after one warm-up) of each arm (erpo and grpo, exact and with the shared
+#     prompt; or the shared-prompt arms against .baseline/'s erpo and grpo, below) on a randomly initialised Qwen2 of the Qwen2-1.5B shape
 #     (built there: nothing is downloaded), bf16, under Lightning's ModelParallelStrategy (FSDP2 over a 1-GPU mesh),
 #     on the same replayed rollout batch (no generation engine); step time, peak and memory above the step's rest.
 #  3. bench/bench_memory.py on CUDA at a 152,064-token vocabulary, float32 and bfloat16, one round.
@@ -52,10 +52,12 @@ else
 fi
 # Before against after: an earlier commit's package in .baseline/ (git-ignored; made here with
 # `mkdir -p .baseline && git archive <commit> erpo_lightning | tar -x -C .baseline`, carried with [".whl", ".baseline"])
-# runs erpo and grpo a second time with that code, interleaved (bench_step's --baseline-source): four workers, as
-# the four arms are without it, within the same time limit.
+# runs erpo and grpo with that code, interleaved with this code's shared-prompt arms (bench_step's --baseline-source):
+# four workers, as without it, within the same time limit.
 if [[ -d .baseline/erpo_lightning ]]; then
-    step_args+=(--arms erpo grpo --baseline-source .baseline)
+    step_args+=(--arms erpo_shared_prompt grpo_shared_prompt --baseline-source .baseline --baseline-arms erpo grpo)
+else
+    step_args+=(--arms erpo erpo_shared_prompt grpo grpo_shared_prompt)
 fi
 
 env_probe=$(

@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.distributed  # FSDP2 over a gloo process group, in several processes: not `make test-fast`
 
 REPO = Path(__file__).resolve().parents[1]
-ARMS = {"erpo", "erpo_shared_forward", "grpo", "grpo_kl"}
+ARMS = {"erpo", "erpo_shared_prompt", "grpo", "grpo_shared_prompt"}
 
 
 def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_path):
@@ -32,8 +32,8 @@ def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_pa
         assert result["sharded"] is True
         assert result["step_s_median"] > 0 and result["peak_mib"] > 0 and math.isfinite(result["query_kl_last"])
     assert set(step["ratios"]) == {
-        "step_erpo_over_grpo", "step_erpo_shared_forward_over_grpo", "step_erpo_over_grpo_kl",
-        "step_grpo_kl_over_grpo", "peak_erpo_over_grpo", "peak_erpo_over_grpo_kl",
+        "step_erpo_over_grpo", "peak_erpo_over_grpo", "step_erpo_shared_prompt_over_grpo",
+        "step_erpo_shared_prompt_over_grpo_shared_prompt", "step_erpo_shared_prompt_over_erpo",
     }  # fmt: skip
     assert all(ratio > 0 for ratio in step["ratios"].values())
 
