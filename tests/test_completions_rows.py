@@ -17,7 +17,7 @@ from helpers.healthy_run import TRAIN_FILE
 
 import erpo_lightning.modules.erpo_module as erpo_module
 from erpo_lightning.callbacks import RolloutCallback
-from erpo_lightning.callbacks.completions import SampledCompletions, pick_rows
+from erpo_lightning.callbacks.completions import SampledCompletions, pick_rows, verdicts_of
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rewards import CombinedReward, MathReward
@@ -152,3 +152,21 @@ def test_a_grade_that_fails_leaves_the_verdicts_empty_and_says_so_once(capsys):
         verdicts = callback._verdicts(BrokenGrade(), ["1"], ["1"], None)
         assert verdicts == [{"correct": None, "grader_status": None, "conventions": None}]
     assert capsys.readouterr().err.count("grader down") == 1
+
+
+@pytest.mark.parametrize("combined", [False, True])
+def test_the_log_grades_again_without_counting_twice(combined):
+    """The rollout's grader counters count each response once: the completions log's second grading of the same
+    pairs (`verdicts_of`) leaves them as they were, for MathReward alone and inside a CombinedReward."""
+    math = MathReward(num_workers=0)
+    reward = CombinedReward([math], names=["math"]) if combined else math
+    responses, golds = ["\\boxed{4}", "no answer here", "\\boxed{5}"], ["4", "4", "4"]
+    reward(responses, golds)  # what the rollout pays
+    verdicts = verdicts_of(reward, responses, golds)
+    assert [v["correct"] for v in verdicts] == [True, False, False]
+    counters = reward.counters()
+    prefix = "math_" if combined else ""
+    assert counters[f"{prefix}items"] == 3 and counters[f"{prefix}correct"] == 1
+    assert counters[f"{prefix}extraction_failures"] == 1
+    reward(responses, golds)
+    assert reward.counters()[f"{prefix}items"] == 3  # counted again outside the log: the counters still count

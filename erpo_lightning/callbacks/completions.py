@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -243,14 +244,17 @@ def verdicts_of(
     reward: Any, responses: list[str], golds: list[str | None], problems: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """`correct`, `grader_status` and `conventions` of each pair from `reward.grade` (MathReward's), given the
-    problems as the training reward is (so an answer that restates its problem is graded as it was paid); None values
-    for a reward without `grade`, or a pair without a gold answer."""
+    problems as the training reward is (so an answer that restates its problem is graded as it was paid), inside the
+    reward's `uncounted()` when it has one; None values for a reward without `grade`, or a pair without a gold
+    answer."""
     grade = getattr(reward, "grade", None)
     if grade is None or any(gold is None for gold in golds):
         return [dict(NO_VERDICT) for _ in responses]
+    # The rollout counted these pairs when it paid them: this second look leaves its grader counters alone.
+    with getattr(reward, "uncounted", nullcontext)():
+        verdicts = grade(responses, golds, **({} if problems is None else takes_problems(grade, problems)))
     return [
-        {"correct": bool(v.correct), "grader_status": v.status, "conventions": list(v.conventions)}
-        for v in grade(responses, golds, **({} if problems is None else takes_problems(grade, problems)))
+        {"correct": bool(v.correct), "grader_status": v.status, "conventions": list(v.conventions)} for v in verdicts
     ]
 
 

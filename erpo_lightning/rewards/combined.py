@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from erpo_lightning.rewards.protocol import ROLLOUT_INPUTS, Reward, RewardSignature, reward_name, score_responses
@@ -145,6 +146,17 @@ class CombinedReward:
             if callable(counters):
                 merged.update({f"{name}_{key}": float(value) for key, value in counters().items()})
         return merged
+
+    @contextmanager
+    def uncounted(self) -> Iterator[CombinedReward]:
+        """Grade inside this block without changing any component's counters (each component's own `uncounted()`,
+        where it has one); `components()` and `last_values()` are not touched by grading."""
+        with ExitStack() as stack:
+            for reward in self.rewards:
+                uncounted = getattr(reward, "uncounted", None)
+                if callable(uncounted):
+                    stack.enter_context(uncounted())
+            yield self
 
     @property
     def grade(self) -> Any:

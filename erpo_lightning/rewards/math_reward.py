@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
@@ -313,6 +314,16 @@ class MathReward:
             "max_answer_chars": self.max_answer_chars,
             "max_depth": self.max_depth,
         }
+
+    @contextmanager
+    def uncounted(self) -> Iterator[MathReward]:
+        """Grade inside this block without changing `counters()`: for a second look at pairs already graded and
+        counted once (the sampled-completions log), so the rollout's `rollout/grader_*` counts each response once."""
+        saved = Counter(self._counts)
+        try:
+            yield self
+        finally:
+            self._counts = saved
 
     def counters(self) -> dict[str, float]:
         """Counters since the previous call (then reset): items, timeouts, parse failures, too long/deep..."""

@@ -12,7 +12,9 @@ one entry per response:
 Which inputs a reward gets is decided once, from its signature (`RewardSignature`): a parameter named like an input
 gets it, `**kwargs` gets them all, and the two-argument form `(responses, golds)` gets none. A reward may also define
 `counters() -> dict[str, float]`, returning the tallies accumulated since the previous call (e.g. `items`,
-`timeouts`) and resetting them; the rollout callback logs them as `rollout/grader_<key>`. Any such class can be
+`timeouts`) and resetting them; the rollout callback logs them as `rollout/grader_<key>`. A reward with counters
+and a `grade` may define `uncounted()`, a context in which grading leaves them as they were (the sampled-completions
+log grades its rows a second time inside it). Any such class can be
 configured from YAML by `class_path`, a plain function by its import path (`my_package.rewards.my_reward`).
 `score_responses` is how the sampler calls one: a reward that does not return one value per response is refused
 with the counts named, instead of failing later in a reshape.
