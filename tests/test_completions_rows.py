@@ -26,7 +26,7 @@ from erpo_lightning.rollout import HFEngine
 from erpo_lightning.toy import SHIPPED_DIR
 
 GROUP_SIZE = 4
-WEIGHTS = {"math": 1.0, "length": 0.25}
+WEIGHTS = {"math": 1.0, "length": 0.25, "position": 0.5}
 
 
 def length(responses, golds):
@@ -34,8 +34,15 @@ def length(responses, golds):
     return [len(response) / 10 for response in responses]
 
 
+def position(responses, golds):
+    """A tenth of each response's place in the reward's call: values that differ within a group by construction, so
+    every group has reward variance and its advantages are not all 0, whatever the model samples."""
+    return [index / 10 for index in range(len(responses))]
+
+
 def combined_reward() -> CombinedReward:
-    return CombinedReward([MathReward(num_workers=0), length], weights=list(WEIGHTS.values()), names=list(WEIGHTS))
+    rewards = [MathReward(num_workers=0), length, position]
+    return CombinedReward(rewards, weights=list(WEIGHTS.values()), names=list(WEIGHTS))
 
 
 def fit_toy(tmp_path, algorithm: str, steps: int = 2, **completions) -> list[dict]:
@@ -99,7 +106,10 @@ def test_whole_groups_carry_the_updates_advantages_and_the_reward_components(
         assert row["reward"] == pytest.approx(sum(WEIGHTS[name] * components[name] for name in WEIGHTS), abs=1e-6)
         assert components["math"] == (1.0 if row["correct"] else 0.0)  # MathReward's value is its verdict
         assert components["length"] == pytest.approx(len(row["response"]) / 10, abs=1e-6)  # as the reward saw it
-    assert any(abs(row["advantage"]) > 0.1 for row in rows)  # the groups differ: the check above is not 0 == 0
+    for start in range(0, len(rows), GROUP_SIZE):  # by construction every group's rewards differ, so the advantage
+        group = rows[start : start + GROUP_SIZE]  # checks above compare non-zero values, never 0 == 0
+        assert len({row["reward_components"]["position"] for row in group}) == GROUP_SIZE
+        assert max(abs(row["advantage"]) for row in group) > 0.01
 
 
 def test_one_response_per_query_first_unless_whole_groups():
