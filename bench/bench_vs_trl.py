@@ -54,11 +54,14 @@ CONFIGS = {
     "ours_grpo_kl": ("ours", "grpo_kl"),
     "trl_beta_kl": ("trl", 0.001),  # = our grpo_kl preset's β
     "ours_erpo": ("ours", "erpo"),
+    "ours_erpo_shared_prompt": ("ours", "erpo+shared_prompt"),  # model.query_kl_scoring shared_prompt
     "trl_erpo": ("trl_erpo", "erpo"),  # ERPOTrainer: GRPOTrainer with ERPO's loss (erpo_lightning.integrations.trl)
 }
 PAIRS = {"grpo_over_trl_beta0": ("ours_grpo", "trl_beta0"),
          "grpo_kl_over_trl_beta_kl": ("ours_grpo_kl", "trl_beta_kl"),
          "erpo_over_trl_beta_kl": ("ours_erpo", "trl_beta_kl"),
+         "erpo_over_trl_beta0": ("ours_erpo", "trl_beta0"),
+         "erpo_shared_prompt_over_trl_beta0": ("ours_erpo_shared_prompt", "trl_beta0"),
          "trl_erpo_over_trl_beta0": ("trl_erpo", "trl_beta0"),  # goal <= 1.05: Query-KL nearly free
          "trl_erpo_over_trl_beta_kl": ("trl_erpo", "trl_beta_kl")}  # goal <= 0.9  # fmt: skip
 # The shapes of bench_step.py's 20m model with the byte tokenizer's vocabulary: rollouts need a real tokenizer.
@@ -101,7 +104,8 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_ours(args, algorithm: str) -> dict:
+def run_ours(args, setting: str) -> dict:
+    """Our side's steps; `setting` is a preset, or `<preset>+<query_kl_scoring>`."""
     import lightning as L
     from transformers import AutoTokenizer
 
@@ -117,9 +121,10 @@ def run_ours(args, algorithm: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts, answers = make_prompts(args.queries * (args.steps + 1))
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    algorithm, _, scoring = setting.partition("+")
     module = ERPOModule(
         str(model_path), algorithm=algorithm, learning_rate=args.lr, weight_decay=0.0,
-        gradient_clip_norm=1.0,
+        gradient_clip_norm=1.0, query_kl_scoring=scoring or "exact",
     )  # fmt: skip
     module.configure_model()
     # What `erpo cache` does once before training, with the same function: the initial model's query scores.
