@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from studies.brake.study import (
+    ARMS,
     CENTRAL,
     DERIVED_ARMS,
     EARLY_REWARD,
@@ -179,6 +180,19 @@ QUANTITIES = {"held-out T=1": ("T=1", 100), "held-out T=1.5": ("T=1.5", 100), "t
               "wrong steps (held-out)": ("wrong steps T=1", 100)}  # fmt: skip
 
 
+def not_run_line(records: list[RunRecord]) -> str:
+    """` Not run: ...` naming the plan's arms with no finished run and the plan's reason, or nothing."""
+    ran = {record.method for record in records}
+    missing = [arm for arm in ARMS if arm not in ran]
+    if not missing:
+        return ""
+    named = ", ".join(f"`{arm}`" for arm in missing)
+    return (
+        f" Not run: {named}. They are may-wait arms, left out for CPU time by the plan's rule (brake_plan.md, "
+        '"Seeds": in the table\'s order, each with all 8 seeds or not at all); their claims read `n/a`.'
+    )
+
+
 def brake_report(inputs: ReportInputs, claims: tuple[Claim, ...], matched: Matched) -> list[dict]:
     """Write the report (markdown), its trajectory figure and `<stem>_claims.json` beside it; the evaluated claims."""
     records, settings, path, study = inputs.records, inputs.settings, inputs.path, inputs.description
@@ -214,7 +228,7 @@ Setup: the overfitting study's regime (the shipped toy model, the first 32 train
 every training query at T = {", ".join(f"{t:g}" for t in settings.temperatures)}, the responses kept for the
 worked-steps measure. Matched controls (from the pilot): lower learning rate {matched.low_lr:g}, grpo_kl β
 {matched.kl_beta:g}, early stop at step {matched.stop_step}. Derived rows (never trained): {", ".join(DERIVED_ARMS)}.
-Study wall time {inputs.minutes:.1f} min. Arms: {arms_line(study["methods"])}.
+Study wall time {inputs.minutes:.1f} min. Arms: {arms_line(study["methods"])}.{not_run_line(records)}
 
 ## Pilot
 
