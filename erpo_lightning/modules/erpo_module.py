@@ -25,6 +25,7 @@ from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_arg
 from erpo_lightning.data.datamodule import QueryDataModule, policy_compute_dtype
 from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
+from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
 from erpo_lightning.modules.lora_files import (
@@ -286,41 +287,6 @@ class ERPOModule(L.LightningModule):
                 old[rows, : response.shape[1]] = response
         return old
 
-    def _check_loss_constant(self, rollout: RolloutBatch) -> None:
-        """Refuse Dr. GRPO's constant normaliser with neither `loss_constant` nor the rollout's response cap."""
-        if self.algorithm.loss_aggregation == "seq_sum_constant" and not (
-            self.hparams.loss_constant or rollout.max_new_tokens
-        ):
-            raise ValueError(
-                f"model.algorithm {self.hparams.algorithm!r} divides each response's summed loss by a constant "
-                "(loss_aggregation seq_sum_constant): set model.loss_constant > 0, or train on rollouts that carry "
-                "their response cap (RolloutCallback's; assemble_batch(..., max_new_tokens=...))"
-            )
-
-    def _check_carried_weights(self, rollout: RolloutBatch) -> None:
-        """Refuse a rollout batch whose carried query scores do not fit the algorithm's w(q) rule: precomputed w(q)
-        comes with a dataset-static rule and only with it; per-step w(q) from the reference needs each s(q)."""
-        source, norm = self.algorithm.query_weight_source, self.algorithm.query_weight_norm
-        static = self.algorithm.static_query_weights
-        rule = f"model.query_weight_source {source!r} and query_weight_norm {norm!r}"
-        if static and rollout.query_weights is None:
-            raise ValueError(
-                f"with {rule}, w(q) is a constant of each query that the query stream carries, but this RolloutBatch "
-                "has none: train with QueryDataModule (which makes them at setup), or build the batch with "
-                "assemble_batch(..., query_weights=module.algorithm.query_weight_table(cache.nll)[query_index])"
-            )
-        if not static and rollout.query_weights is not None:
-            raise ValueError(
-                f"this RolloutBatch carries precomputed w(q), but with {rule} w(q) is made per optimizer step: its "
-                "query stream was set up for another algorithm"
-            )
-        if source == "reference" and not static and rollout.reference_nll is None:
-            raise ValueError(
-                f"with {rule}, w(q) is normalised per optimizer step from each query's reference NLL s(q), which "
-                "this RolloutBatch does not carry: train with QueryDataModule, or build the batch with "
-                "assemble_batch(..., reference_nll=cache.nll[query_index])"
-            )
-
     @torch.no_grad()
     def _step_query_weights(self, batch: RolloutBatch) -> torch.Tensor | None:
         """w(q) of an optimizer step's rows, [N], when it depends on the step: `objectives.query_weights(s(q), s̄,
@@ -423,8 +389,8 @@ class ERPOModule(L.LightningModule):
     def train_on(self, rollout: RolloutBatch) -> None:
         """The optimizer steps of one rollout batch: advantages (and old log-probs when the batch is used more than
         once) are computed here, w(q) per optimizer step unless the batch carries it (`_step_query_weights`)."""
-        self._check_loss_constant(rollout)
-        self._check_carried_weights(rollout)
+        check_loss_constant(self.algorithm, self.hparams.algorithm, self.hparams.loss_constant, rollout)
+        check_carried_weights(self.algorithm, rollout)
         algorithm, group_size = self.algorithm, rollout.group_size
         advantages = global_advantages(
             self._trainer, rollout.rewards, group_size, algorithm.advantage_estimator, algorithm.advantage_eps
