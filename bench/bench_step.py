@@ -91,11 +91,12 @@ def rollout_batch(args, vocab_size: int) -> QueryBatch:
     return QueryBatch(query_index, prompts, [""] * args.queries, rollout=rollout)
 
 
-def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module | None = None) -> None:
+def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module | None = None, layout=None) -> None:
     """What `erpo cache` computes once before training (with the same function): the initial policy's log-probs of
     the batch's queries, set as `module.reference_cache`; and the query scores QueryDataModule's stream carries
     from it (s(q), and w(q) when the algorithm makes it static), on the batch's rollout. `initial`: a model holding
-    the initial weights (None = the module's policy, loaded and not yet trained)."""
+    the initial weights (None = the module's policy, loaded and not yet trained). `layout`: the query-scoring layout
+    (None = the default, `data.query_score_rows` 8 and `query_score_width_multiple` 64)."""
     from dataclasses import replace
 
     from erpo_lightning.data.cache import ReferenceLogprobCache
@@ -103,12 +104,24 @@ def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module |
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
 
     scorer = module.policy if initial is None else initial
-    layout = QueryScoringLayout()  # the cache's layout, which the step's exact Query-KL scores in
+    layout = layout or QueryScoringLayout()  # the cache's layout, which the step's exact Query-KL scores in
     cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(scorer, batch.prompt_ids, layout), layout)
     module.reference_cache = cache
     rows, table = batch.rollout.query_index, module.algorithm.query_weight_table(cache.nll)
     batch.rollout = replace(
         batch.rollout, reference_nll=cache.nll[rows], query_weights=None if table is None else table[rows]
+    )
+
+
+def scoring_layout(args):
+    """The query-scoring layout of `--query-score-rows` and `--query-score-width-multiple` (None: the default)."""
+    from erpo_lightning.data.query_scoring import QueryScoringLayout
+
+    if args.query_score_rows is None and args.query_score_width_multiple is None:
+        return None
+    default = QueryScoringLayout()
+    return QueryScoringLayout(
+        args.query_score_rows or default.rows, args.query_score_width_multiple or default.width_multiple
     )
 
 
@@ -199,10 +212,10 @@ def worker(args) -> dict:
     if args.strategy == "auto":
         module.configure_model()
         module.policy.to(device)
-        attach_reference_cache(module, batch)
+        attach_reference_cache(module, batch, layout=scoring_layout(args))
     else:  # the strategy calls configure_model inside fit, with its mesh set, to shard; score with a copy till then
         initial = load_reference_model(str(model_path), args.dtype, device)
-        attach_reference_cache(module, batch, initial)
+        attach_reference_cache(module, batch, initial, scoring_layout(args))
         del initial
 
     if device.type == "cuda":
@@ -244,6 +257,13 @@ def main() -> None:
         help="a source tree (e.g. a git worktree of an earlier commit): each arm runs a second time with its code, "
         "interleaved with this tree's, named <arm>@baseline",
     )
+    parser.add_argument(
+        "--query-score-rows",
+        type=int,
+        help="queries per query-scoring forward (data.query_score_rows; default 8); an older --baseline-source may "
+        "not know it",
+    )
+    parser.add_argument("--query-score-width-multiple", type=int, help="data.query_score_width_multiple (default 64)")
     parser.add_argument(
         "--baseline-arms", nargs="+", help="the arms run from --baseline-source (default: --arms; an arm that tree "
         "does not have fails)",

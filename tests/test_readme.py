@@ -134,3 +134,26 @@ def test_the_results_page_links_each_studys_report():
     text = (DOCS / "results.md").read_text()
     missing = [report for report in reports if docs_link(report) not in text]
     assert missing == [], f"docs/results.md does not link {missing}"
+
+
+def test_the_brake_verdicts_in_the_readme_and_results_page_are_the_claims_files():
+    """The README's brake bullet names the central claims' verdicts in the plan's order and quotes the lower-lr
+    margin, its seed count and erpo's margin over grpo from the claims file; docs/results.md links the report and
+    the plan."""
+    from studies.brake.study import CENTRAL
+
+    brake = REPO / "studies" / "brake"
+    claims = {claim["key"]: claim for claim in json.loads((brake / "brake_study_claims.json").read_text())["claims"]}
+    bullet = " ".join(
+        bullet_linking(section(README, "## What ERPO does, measured"), "studies/brake/brake_study.md").split()
+    )
+    verdicts = re.findall(r"`(confirmed|refuted|inconclusive|confounded|untestable|invalid)`", bullet)
+    assert verdicts[: len(CENTRAL)] == [claims[key]["verdict"] for key in CENTRAL]
+    lower, grpo = claims["accuracy.erpo_vs_lower_lr"], claims["accuracy.erpo_vs_grpo"]
+    assert (
+        f"{-lower['mean_margin']:.1f} points" in bullet and f"{lower['n'] - lower['k']} of {lower['n']} seeds" in bullet
+    )
+    assert f"(+{grpo['mean_margin']:.1f} points) is now `{grpo['verdict']}`" in bullet
+    assert f"(`{claims['accuracy.erpo_vs_grpo_peak']['verdict']}`)" in bullet
+    text = section(DOCS / "results.md", "## Is ERPO more than a brake? The brake study")
+    assert all(docs_link(brake / name) in text for name in ("brake_plan.md", "runs/README.md"))

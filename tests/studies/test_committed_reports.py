@@ -1,8 +1,8 @@
-"""The real-model and overfitting studies' reports, rebuilt with `--report-only` from their committed runs: the claims
-file equals the committed one and the report the committed report, but for the command that wrote it (issue 53: the
-toy study is the one study `make test` trains end to end, tests/studies/test_toy_study.py; these two are checked on
-the runs they were written from, with their definitions checked in test_study_engine.py and test_overfit_study.py).
-"""
+"""The real-model, overfitting and brake studies' reports, rebuilt with `--report-only` from their committed runs:
+the claims file equals the committed one and the report the committed report, but for the command that wrote it
+(issue 53: the toy study is the one study `make test` trains end to end, tests/studies/test_toy_study.py; these three
+are checked on the runs they were written from, with their definitions checked in test_study_engine.py,
+test_overfit_study.py and test_brake_study.py)."""
 
 import json
 import shutil
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.quickstart import copy_quickstart_inputs
 
+from studies.brake import study as brake
 from studies.engine.claims import BASE_ARM
 from studies.engine.compare import main as compare_main
 from studies.overfit import study as overfit
@@ -18,18 +19,21 @@ from studies.real_model import study as real_model
 
 REPO = Path(__file__).resolve().parents[2]
 
-# study module -> (its folder, its report's file name, the files beside the report that the report reads)
+# study module -> (its folder, its report's file name, the files beside the report that the report reads, its figures)
 STUDIES = {
-    "real_model": (real_model, "studies/real_model", "real_model_study", ["real_model_pilot.json"]),
-    "overfit": (overfit, "studies/overfit", "overfit_study", ["pilot_runs"]),
-}
+    "real_model": (
+        real_model, "studies/real_model", "real_model_study", ["real_model_pilot.json"], ["curves", "evaluation"]
+    ),
+    "overfit": (overfit, "studies/overfit", "overfit_study", ["pilot_runs"], ["curves", "evaluation"]),
+    "brake": (brake, "studies/brake", "brake_study", ["pilot_runs"], ["trajectories"]),
+}  # fmt: skip
 
 
 def rebuilt(name: str, workdir: Path) -> tuple[Path, Path]:
     """Copy study `name`'s committed runs (with the pilot files its report quotes, and the quickstart's inputs) under
     `workdir` and rewrite its report there with `--report-only`, in this process; (the rebuilt report's folder, the
     committed one's)."""
-    module, folder, _, beside = STUDIES[name]
+    module, folder, _, beside, _ = STUDIES[name]
     committed, copy = REPO / folder, workdir / folder
     copy_quickstart_inputs(workdir)  # the configs and the shipped toy model, which the overfitting study names
     shutil.copytree(committed / "runs", copy / "runs")
@@ -55,8 +59,8 @@ def test_report_only_rewrites_the_committed_claims_and_report(name, tmp_path, ca
     assert without_command((copy / f"{report}.md").read_text()) == without_command(
         (committed / f"{report}.md").read_text()
     )
-    for figure in (f"{report}_curves.png", f"{report}_evaluation.png"):
-        assert (copy / figure).stat().st_size > 10_000
+    for figure in STUDIES[name][4]:
+        assert (copy / f"{report}_{figure}.png").stat().st_size > 10_000
 
 
 def test_the_rebuilt_reports_name_every_arm_of_their_study(tmp_path):
