@@ -19,7 +19,9 @@ Hugging Face drops the key/value cache under gradient checkpointing, so that com
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -30,11 +32,14 @@ from erpo_lightning.data.query_scoring import QueryScoringLayout, block_input_id
 from erpo_lightning.logprobs import causal_lm_output, gather_token_logprobs, prompt_response_logprobs_and_entropy
 from erpo_lightning.update.query_pass import exact_query_kl
 
+if TYPE_CHECKING:
+    from erpo_lightning.update.step import LossRows
+
 
 @dataclass
 class _Block:
-    """One scoring block's forward: its real queries' count, keys and values per layer ([rows, H, W, D] each) and
-    logits [rows, W, V], with their graph."""
+    """One scoring block's forward: its queries' lengths (none for a filler block), keys and values per layer
+    ([rows, H, W, D] each) and logits [rows, W, V], with their graph."""
 
     lengths: list[int]
     keys: list[torch.Tensor]
@@ -54,8 +59,9 @@ class PromptPass:
         keys, values: per layer, [Q, H, W, D] leaves (detached, requiring grad): each query's keys and values,
             right-padded to the step's widest query W. Micro-batches read these; their gradients accumulate here.
         last_logits: [Q, V] leaf, the logits at each query's last token (they predict its responses' first token).
-        graph: the forward's own tensors behind each leaf, in the order (keys..., values..., last_logits), and the
-            filler blocks' logits (a rank with fewer queries runs as many blocks), for `closing_loss`.
+        graph: the forward's own tensors behind each leaf, in the order (keys..., values..., last_logits), for
+            `closing_loss`. They hold the prompt forward's graph, its logits included, until the step's last backward.
+        fillers: the logits of filler blocks (a rank with fewer queries runs as many blocks as the others).
     """
 
     term: torch.Tensor
@@ -68,13 +74,13 @@ class PromptPass:
     graph: list[torch.Tensor] = field(default_factory=list)
     fillers: list[torch.Tensor] = field(default_factory=list)
 
-    def forward(self, policy: torch.nn.Module, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
         """The `step.Forward` of a micro-batch under the shared prompt: its responses on their queries' keys and
         values. Column P (the first response token) is scored from the query's last logits, columns P + 1.. from the
         response forward, all at the rows' temperature; the prompt columns are 0.
 
         Args:
-            rows: `step.LossRows` of queries this pass holds.
+            rows: the micro-batch (`step.LossRows`), of queries this pass holds.
         Returns:
             ([N, P + R] log-probs, [N, P + R] entropies without gradient).
         """
@@ -139,7 +145,7 @@ def prompt_pass(
     cache: ReferenceLogprobCache,
     algorithm: obj.LossSettings,
     normalizers: dict[str, torch.Tensor],
-    most_blocks,
+    most_blocks: Callable[[int], int],
     constant: float | None = None,
 ) -> PromptPass:
     """Forward the step's unique queries once, in the cache's layout (`query_pass.exact_query_kl`, whose arguments
@@ -163,8 +169,9 @@ def prompt_pass(
         policy, prompts, query_index, rows_per_query, cache, algorithm, normalizers, None, most_blocks, constant,
         score=score,
     )  # fmt: skip
-    real = len(cache.layout.blocks([len(ids) for ids in prompts]))
-    order = [position for block in cache.layout.blocks([len(ids) for ids in prompts]) for position in block]
+    layout_blocks = cache.layout.blocks([len(ids) for ids in prompts])
+    real = len(layout_blocks)
+    order = [position for block in layout_blocks for position in block]
     width = max(len(ids) for ids in prompts)
 
     def stacked(per_block: list[torch.Tensor]) -> torch.Tensor:  # real rows, right-padded to `width` tokens
