@@ -38,7 +38,6 @@ on SIGTERM / SIGUSR1 and exits 128 + the signal (Ctrl-C: 130).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import inspect
 import os
@@ -93,6 +92,13 @@ try:
         read_checkpoint,
         resolve_resume_path,
         run_folders,
+    )
+    from erpo_lightning.cli_messages import (  # noqa: E402
+        option_strings,
+        unknown_flag_line,
+        unknown_group_key_line,
+        unknown_option_line,
+        with_newcomer_hint,
     )
     from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
     from erpo_lightning.data.datamodule import check_data_settings  # noqa: E402
@@ -156,102 +162,6 @@ class ERPOArgumentParser(LightningArgumentParser):
             or parser_error_line(message)
         )
         raise SettingsError(with_newcomer_hint(line))
-
-
-def option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    """Every `--flag` of `parser` and of its subcommands' parsers (a misspelt flag is reported by the top parser)."""
-    found = []
-    for action in parser._actions:
-        found += [option for option in action.option_strings if option.startswith("--")]
-        for subparser in (getattr(action, "choices", None) or {}).values():
-            if isinstance(subparser, argparse.ArgumentParser):
-                found += option_strings(subparser)
-    return found
-
-
-def unknown_flag_line(message: str, known: list[str]) -> str | None:
-    """`unrecognized arguments: --rollout.temprature 0.5` with the closest flag for each unknown one, or None for
-    another message."""
-    if not message.startswith("unrecognized arguments:"):
-        return None
-    unknown = [arg.split("=", 1)[0] for arg in message.split(":", 1)[1].split() if arg.startswith("--")]
-    if not unknown:
-        return None
-    hints = []
-    for flag in unknown:
-        close = difflib.get_close_matches(flag, sorted(set(known)), n=1, cutoff=0.75)
-        hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
-    return f"unknown option {', '.join(hints)}; `erpo <subcommand> --help` lists every option"
-
-
-_GROUP_KEY = re.compile(r"Group '(?P<group>[\w.]+)' does not accept option '(?P<key>[^']+)'")
-
-
-def unknown_group_key_line(message: str, known: list[str]) -> str | None:
-    """jsonargparse's `Group 'model' does not accept option 'learning_rat'` (a misspelt key in a config file) with the
-    closest key of that group, or None for another message."""
-    found = _GROUP_KEY.search(message)
-    if found is None:
-        return None
-    prefix = f"--{found['group']}."
-    keys = sorted({flag.removeprefix(prefix) for flag in known if flag.startswith(prefix)})
-    close = difflib.get_close_matches(found["key"], keys, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"{found['group']}: unknown key {found['key']!r}{hint}; `erpo <subcommand> --help` lists every option"
-
-
-_CLASS_OPTION = re.compile(r"Option '(?P<option>[^']+)' is not accepted")
-# jsonargparse names the class as `class_path 'x.Y':` in a union's errors, as `class_path='x.Y'` in the given value.
-_CLASS_PATH = re.compile(r"class_path\s?[=]?\s?'(?P<owner>[\w.]+)'")
-
-
-def unknown_option_line(message: str) -> str | None:
-    """One line for an init argument a `class_path` class does not take (`--rollout.reward.init_args.num_work`),
-    naming the closest one it takes; None for another message."""
-    found, owner_name = _CLASS_OPTION.search(message), _CLASS_PATH.search(message)
-    if found is None or owner_name is None:
-        return None
-    try:
-        owner = import_object(owner_name["owner"])
-        if dataclasses.is_dataclass(owner):  # a settings dataclass (model.peft): `parser_error_line` names its fields
-            return None
-        names = [name for name in inspect.signature(owner).parameters if name not in ("args", "kwargs")]
-    except (ImportError, AttributeError, TypeError, ValueError):
-        return None
-    key = re.search(r'Parser key "([^"]+)":', message)
-    where = f"{key.group(1)}: " if key else ""
-    close = difflib.get_close_matches(found["option"], names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"{where}{owner_name['owner']} takes no option {found['option']!r}{hint}; options: {', '.join(names)}"
-
-
-# Packages of this project's environment: a missing module among them is a broken install, not a user's module.
-_INSTALLED_TOP_LEVEL = {"erpo_lightning", "lightning", "torch", "transformers", "vllm", "peft", "datasets"}
-
-
-# The command that prepares SmolLM2 and prints its folder (configs/smollm2_*.yaml leave model.model_path unset).
-REAL_MODEL_PATH = '--model.model_path "$(.venv/bin/python -m erpo_lightning.real_model)"'
-
-
-def with_newcomer_hint(line: str) -> str:
-    """`line` with what to do added where the parser's words do not say it: an unset model path, a class_path whose
-    module cannot be imported."""
-    if re.match(r"model\.model_path: Expected a <class 'str'>\. Got value: None", line):
-        return (
-            "model.model_path is required: this config names no model; add --model.model_path <model folder or Hub "
-            f"id>. For configs/smollm2_*.yaml, `make real-model` prints the folder, or add {REAL_MODEL_PATH}"
-        )
-    missing = re.search(r"No module named '([\w.]+)'", line)
-    if missing and missing.group(1).split(".")[0] not in _INSTALLED_TOP_LEVEL:
-        class_path = _CLASS_PATH.search(line)
-        if class_path is not None:  # the key and the class, not the union's paragraph
-            line = f"{line.split(':', 1)[0]}: class_path {class_path['owner']!r}: {missing.group(0)}"
-        return (
-            f"{line}; a class_path naming a module of your own needs it importable: run from the folder that holds "
-            f"{missing.group(1).split('.')[0]}.py with PYTHONPATH=. (e.g. `PYTHONPATH=. .venv/bin/erpo fit ...`), or "
-            "install it into the environment"
-        )
-    return line
 
 
 class ERPOLightningTrainer(Trainer):
