@@ -10,7 +10,7 @@ from helpers.cli_runs import fails_in_one_line
 from helpers.fit_configs import fit_config, write_config
 
 from erpo_lightning.algorithms import resolve_algorithm
-from erpo_lightning.cli import repeated_key
+from erpo_lightning.cli_checks import repeated_key
 from erpo_lightning.objectives import MAX_QUERY_KL_TOLERANCE
 from erpo_lightning.toy import SHIPPED_DIR
 
