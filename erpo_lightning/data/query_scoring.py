@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
-from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.logprobs import causal_lm_output, gather_token_logprobs
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class QueryScoringLayout:
         return asdict(self)
 
 
-def block_input_ids(
+def _block_input_ids(
     prompts: Sequence[Sequence[int]], layout: QueryScoringLayout, device: torch.device | str
 ) -> torch.Tensor:
     """[layout.rows, W] token ids of one scoring block: each query right-padded with token 0 to the block's padded
@@ -69,20 +70,33 @@ def block_input_ids(
     return input_ids.to(device)
 
 
+def forward_block(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: QueryScoringLayout, *, keep_cache: bool = False
+) -> tuple[Any, list[torch.Tensor]]:
+    """The forward of one scoring block in the layout's shape, and each query's per-token log-probs from it.
+
+    The one forward both the cache build and the training step score queries with (`score_block`), and the shared
+    prompt too (`keep_cache`: the output also holds the block's keys and values; keeping them does not change the
+    computation). Differentiable when called with grad enabled.
+
+    Args:
+        prompts: token ids of up to `layout.rows` queries; all must share one `layout.width`.
+    Returns:
+        the model's output (`.logits` [rows, W, V], `.past_key_values` with `keep_cache`), and one [L_q] float32
+        tensor per query on the model's device (column t = log p(token t | tokens < t); column 0 has no context and
+        is whatever the forward gives: callers ignore it).
+    """
+    input_ids = _block_input_ids(prompts, layout, next(model.parameters()).device)
+    # An all-ones mask: padding sits after every real token, so causal attention keeps it out of every real score.
+    output = causal_lm_output(model, input_ids, torch.ones_like(input_ids), use_cache=keep_cache)
+    token_logprobs = gather_token_logprobs(output.logits, input_ids).float()
+    return output, [token_logprobs[row, : len(ids)] for row, ids in enumerate(prompts)]
+
+
 def score_block(
     model: torch.nn.Module, prompts: Sequence[Sequence[int]], layout: QueryScoringLayout
 ) -> list[torch.Tensor]:
-    """Per-token log-probs of up to `layout.rows` queries of one padded width, in the layout's shape.
-
-    Differentiable when called with grad enabled (the training step); the cache build calls it under no_grad.
-
-    Args:
-        prompts: token ids of each query; all must share one `layout.width`.
-    Returns:
-        One [L_q] float32 tensor per query on the model's device (column t = log p(token t | tokens < t); column 0
-        has no context and is whatever the forward gives: callers ignore it).
-    """
-    input_ids = block_input_ids(prompts, layout, next(model.parameters()).device)
-    # An all-ones mask: padding sits after every real token, so causal attention keeps it out of every real score.
-    token_logprobs = sequence_logprobs(model, input_ids, torch.ones_like(input_ids)).float()
-    return [token_logprobs[row, : len(ids)] for row, ids in enumerate(prompts)]
+    """Per-token log-probs of up to `layout.rows` queries of one padded width, in the layout's shape
+    (`forward_block`'s). Differentiable when called with grad enabled (the training step); the cache build calls it
+    under no_grad."""
+    return forward_block(model, prompts, layout)[1]

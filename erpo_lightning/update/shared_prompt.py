@@ -28,8 +28,8 @@ from transformers import DynamicCache
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.data.query_scoring import QueryScoringLayout, block_input_ids
-from erpo_lightning.logprobs import causal_lm_output, gather_token_logprobs, prompt_response_logprobs_and_entropy
+from erpo_lightning.data.query_scoring import QueryScoringLayout, forward_block
+from erpo_lightning.logprobs import prompt_response_logprobs_and_entropy
 from erpo_lightning.update.query_pass import exact_query_kl
 
 if TYPE_CHECKING:
@@ -154,16 +154,14 @@ def prompt_pass(
     with_grad = torch.is_grad_enabled()
 
     def score(model: torch.nn.Module, queries: list[list[int]], layout: QueryScoringLayout) -> list[torch.Tensor]:
-        input_ids = block_input_ids(queries, layout, next(model.parameters()).device)
         with torch.set_grad_enabled(with_grad):  # the responses need the prompt's graph even when α = 0
-            output = causal_lm_output(model, input_ids, torch.ones_like(input_ids), use_cache=True)
-            token_logprobs = gather_token_logprobs(output.logits, input_ids).float()
+            output, scores = forward_block(model, queries, layout, keep_cache=True)
         layers = output.past_key_values.layers
         lengths = [len(ids) for ids in queries]
         blocks.append(
             _Block(lengths, [layer.keys for layer in layers], [layer.values for layer in layers], output.logits)
         )
-        return [token_logprobs[row, :length] for row, length in enumerate(lengths)]
+        return scores
 
     term, drift = exact_query_kl(
         policy, prompts, query_index, rows_per_query, cache, algorithm, normalizers, None, most_blocks, constant,

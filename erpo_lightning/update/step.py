@@ -190,6 +190,13 @@ def micro_batch_loss(
     return loss, replace(stats, entropy=response_entropy, logprob_abs_diff=difference)
 
 
+def step_queries(rows: LossRows) -> tuple[list[list[int]], torch.Tensor]:
+    """The step's unique queries: each group leader's prompt without its padding, and its cache row [Q] (on CPU)."""
+    leaders, width = rows.is_group_leader, rows.prompt_length
+    prompts = unique_prompts(rows.input_ids[:, :width], rows.attention_mask[:, :width], leaders)
+    return prompts, rows.query_index[leaders].cpu()
+
+
 def query_pass_term(
     policy: torch.nn.Module,
     rows: LossRows,
@@ -202,11 +209,9 @@ def query_pass_term(
 ) -> tuple[torch.Tensor, obj.QueryDrift]:
     """α · the Query-KL term of `rows`' unique queries (their group leaders' prompts), scored alone in the cache's
     layout (`query_pass.exact_query_kl`, whose arguments these are), and their drift."""
-    leaders, width = rows.is_group_leader, rows.prompt_length
-    prompts = unique_prompts(rows.input_ids[:, :width], rows.attention_mask[:, :width], leaders)
+    prompts, query_index = step_queries(rows)
     return exact_query_kl(
-        policy, prompts, rows.query_index[leaders].cpu(), group_size, cache, algorithm, normalizers, backward,
-        most_blocks, rows.constant,
+        policy, prompts, query_index, group_size, cache, algorithm, normalizers, backward, most_blocks, rows.constant,
     )  # fmt: skip
 
 
@@ -246,15 +251,10 @@ def accumulate_gradients(
     if share_prompt:
         if cache is None:
             raise ValueError("the shared prompt scores the queries in the reference cache's layout: pass the cache")
-        leaders = step_rows.is_group_leader
-        prompts = unique_prompts(
-            step_rows.input_ids[:, : step_rows.prompt_length], step_rows.attention_mask[:, : step_rows.prompt_length],
-            leaders,
-        )  # fmt: skip
+        prompts, query_index = step_queries(step_rows)
         shared = prompt_pass(
-            policy, prompts, step_rows.query_index[leaders].cpu(), group_size, cache, algorithm, normalizers,
-            most_blocks, step_rows.constant,
-        )  # fmt: skip
+            policy, prompts, query_index, group_size, cache, algorithm, normalizers, most_blocks, step_rows.constant
+        )
         stats.query_drift, forward = shared.drift, shared.forward
     elif cache is not None:
         term, stats.query_drift = query_pass_term(
