@@ -38,10 +38,12 @@ from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 from erpo_lightning.rollout.batch import QueryBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
 
-# arm -> (model.algorithm, model.query_kl_scoring)
-ARMS = {"erpo": ("erpo", "exact"), "erpo_shared_forward": ("erpo", "shared_forward"), "grpo": ("grpo", "exact"),
-        "grpo_kl": ("grpo_kl", "exact"), "erpo_shared_prompt": ("erpo", "shared_prompt"),
-        "grpo_shared_prompt": ("grpo", "shared_prompt")}  # fmt: skip
+# arm -> (model.algorithm, model.query_kl_scoring, model.fused_output_layer)
+ARMS = {"erpo": ("erpo", "exact", False), "erpo_shared_forward": ("erpo", "shared_forward", False),
+        "grpo": ("grpo", "exact", False), "grpo_kl": ("grpo_kl", "exact", False),
+        "erpo_shared_prompt": ("erpo", "shared_prompt", False), "grpo_shared_prompt": ("grpo", "shared_prompt", False),
+        "erpo_fused": ("erpo", "exact", True), "grpo_fused": ("grpo", "exact", True),
+        "erpo_shared_prompt_fused": ("erpo", "shared_prompt", True)}  # fmt: skip
 Strategy = Literal["auto", "model_parallel"]
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
 # "0.5b" is Qwen2.5-0.5B's, "1.5b" Qwen2-1.5B's (both with the 151,936-token vocabulary).
@@ -203,10 +205,10 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     model_path = policy_path(args)
     batch = rollout_batch(args, AutoConfig.from_pretrained(model_path).vocab_size)
-    algorithm, scoring = ARMS[args.arm]
+    algorithm, scoring, fused = ARMS[args.arm]
     module = ERPOModule(
         str(model_path), algorithm=algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens,
-        query_kl_scoring=scoring,
+        query_kl_scoring=scoring, **({"fused_output_layer": True} if fused else {}),  # a baseline tree may lack it
     )  # fmt: skip
     device = torch.device(args.device)
     if args.strategy == "auto":
@@ -315,18 +317,16 @@ RATIOS = {  # name -> (numerator, denominator, quantity)
     "step_erpo_shared_prompt_over_grpo": ("erpo_shared_prompt", "grpo", "step_s_median"),
     "step_erpo_shared_prompt_over_grpo_shared_prompt": ("erpo_shared_prompt", "grpo_shared_prompt", "step_s_median"),
     "step_erpo_shared_prompt_over_erpo": ("erpo_shared_prompt", "erpo", "step_s_median"),
-    "step_erpo_shared_prompt_over_erpo@baseline": ("erpo_shared_prompt", "erpo@baseline", "step_s_median"),
-    "above_rest_erpo_shared_prompt_over_erpo@baseline": (
-        "erpo_shared_prompt",
-        "erpo@baseline",
-        "above_rest_mib_median",
-    ),  # fmt: skip
+    "step_erpo_fused_over_grpo_fused": ("erpo_fused", "grpo_fused", "step_s_median"),
+    "step_erpo_fused_over_erpo": ("erpo_fused", "erpo", "step_s_median"),
 }
 
 
 def ratios(summary: dict[str, dict]) -> dict[str, float]:
-    """The RATIOS whose arms ran, and for each arm run against a baseline source, this tree's step time and peak
-    over the baseline's (`step_<arm>_over_baseline`, `peak_<arm>_over_baseline`)."""
+    """The RATIOS whose arms ran; for each arm run against a baseline source, this tree's step time and peak over
+    the baseline's (`step_<arm>_over_baseline`, `peak_<arm>_over_baseline`, `above_rest_<arm>_over_baseline`); and
+    with the baseline's erpo, every other arm's step time and memory above rest over it
+    (`step_<arm>_over_erpo@baseline`, `above_rest_<arm>_over_erpo@baseline`)."""
     found = {
         name: summary[top][quantity] / summary[bottom][quantity]
         for name, (top, bottom, quantity) in RATIOS.items()
@@ -339,6 +339,13 @@ def ratios(summary: dict[str, dict]) -> dict[str, float]:
             found[f"peak_{name}_over_baseline"] = summary[name]["peak_mib"] / baseline["peak_mib"]
             found[f"above_rest_{name}_over_baseline"] = (
                 summary[name]["above_rest_mib_median"] / baseline["above_rest_mib_median"]
+            )
+    before = summary.get("erpo@baseline")
+    for name in summary:
+        if before is not None and name != "erpo" and not name.endswith("@baseline"):
+            found[f"step_{name}_over_erpo@baseline"] = summary[name]["step_s_median"] / before["step_s_median"]
+            found[f"above_rest_{name}_over_erpo@baseline"] = (
+                summary[name]["above_rest_mib_median"] / before["above_rest_mib_median"]
             )
     return found
 

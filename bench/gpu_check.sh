@@ -3,7 +3,8 @@
 #
 #  1. env: Python, torch, the CUDA device, package versions; the package's training module imports.
 #  2. bench/bench_step.py: 3 timed steps (after one warm-up) of each arm (erpo and grpo, exact and with the shared
-#     prompt; or the shared-prompt arms against .baseline/'s erpo and grpo, below) on a randomly initialised Qwen2 of the Qwen2-1.5B shape
+#     prompt, and erpo with the fused output layer; or the shared-prompt and fused arms against .baseline/'s erpo and
+#     grpo, below) on a randomly initialised Qwen2 of the Qwen2-1.5B shape
 #     (built there: nothing is downloaded), bf16, under Lightning's ModelParallelStrategy (FSDP2 over a 1-GPU mesh),
 #     on the same replayed rollout batch (no generation engine); step time, peak and memory above the step's rest.
 #  3. bench/bench_memory.py on CUDA at a 152,064-token vocabulary, float32 and bfloat16, one round.
@@ -44,7 +45,7 @@ if [[ $smoke == 1 ]]; then
         --steps 1 --threads 1)
     exact_limit=0 exact_args=(--device cpu --size tiny --queries 10)
 else
-    mode=gpu env_limit=60 step_limit=270 memory_limit=120 # 7.5 minutes at most, and the exactness check:
+    mode=gpu env_limit=40 step_limit=300 memory_limit=120 # 7.7 minutes at most, and the exactness check:
     exact_limit=60 exact_args=(--device cuda --size 1.5b --queries 24)
     step_args=(--device cuda --size 1.5b --dtype bfloat16 --steps 3 --threads 8 --queries 8 --group-size 4
         --prompt-len 256 --response-len 1024 --micro-batch-tokens 16384)
@@ -53,11 +54,12 @@ fi
 # Before against after: an earlier commit's package in .baseline/ (git-ignored; made here with
 # `mkdir -p .baseline && git archive <commit> erpo_lightning | tar -x -C .baseline`, carried with [".whl", ".baseline"])
 # runs erpo and grpo with that code, interleaved with this code's shared-prompt arms (bench_step's --baseline-source):
-# four workers, as without it, within the same time limit.
+# five workers, as without it, within the same time limit.
 if [[ -d .baseline/erpo_lightning ]]; then
-    step_args+=(--arms erpo_shared_prompt grpo_shared_prompt --baseline-source .baseline --baseline-arms erpo grpo)
+    step_args+=(--arms erpo_shared_prompt grpo_shared_prompt erpo_fused --baseline-source .baseline
+        --baseline-arms erpo grpo)
 else
-    step_args+=(--arms erpo erpo_shared_prompt grpo grpo_shared_prompt)
+    step_args+=(--arms erpo erpo_shared_prompt grpo grpo_shared_prompt erpo_fused)
 fi
 
 env_probe=$(

@@ -50,8 +50,8 @@ def _positions_per_chunk(vocab: int, chunk_elements: int) -> int:
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
-    """log softmax(scale_t · x_t)[target_t] at each position t of x [N, L, V], chunk by chunk, and optionally the
-    entropy of the same distribution from the same logsumexp.
+    """log softmax(scale_t · x_t)[target_t] at each position t of the logits x [N, L, V], chunk by chunk, and
+    optionally the entropy of the same distribution from the same logsumexp.
 
     Autograd keeps only x itself (in its own dtype) and the [N, L] logsumexps; backward rebuilds each chunk's softmax
     and writes the chunk's gradient straight into a gradient of x's dtype. No float32 copy of the whole of x is
@@ -59,43 +59,59 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     `gradient_into_logits`, for a caller whose logits nothing else reads (the training step's forward), backward
     writes the gradient into x's own buffer, chunk by chunk after reading it: one [N, L, V] buffer at the peak, not
     two. A later use of x in autograd then fails loudly (its version counter moved), never silently.
+
+    With the output layer's `weight` [V, H] given, x is instead the last hidden states [N, L, H] and each chunk's
+    logits are `x_chunk @ weight.T`, made in forward and again in backward (`fused_output_layer`): the [N, L, V]
+    logits never exist, at the price of one more output-layer matmul. Backward returns the gradients of x and of
+    `weight` (accumulated over chunks in float32).
     """
 
     @staticmethod
-    def forward(ctx, logits, targets, scale, positions, with_entropy, gradient_into_logits=False):
-        # logits [N, L, V]; targets [N, L] long; scale [L] float32 (inverse temperature per position).
-        compute = torch.promote_types(logits.dtype, torch.float32)
-        rows, length, _ = logits.shape
-        logprobs = torch.empty(rows, length, dtype=compute, device=logits.device)
+    def forward(ctx, x, weight, targets, scale, positions, with_entropy, gradient_into_logits=False):
+        # x [N, L, V] (or [N, L, H] with weight [V, H]); targets [N, L] long; scale [L] float32 (inverse temperature).
+        compute = torch.promote_types(x.dtype, torch.float32)
+        rows, length, _ = x.shape
+        logprobs = torch.empty(rows, length, dtype=compute, device=x.device)
         lse = torch.empty_like(logprobs)
-        entropy = torch.empty((rows, length) if with_entropy else (0,), dtype=compute, device=logits.device)
+        entropy = torch.empty((rows, length) if with_entropy else (0,), dtype=compute, device=x.device)
         for row, pos in _blocks(rows, length, positions):
-            scaled = logits[row, pos].to(compute) * scale[pos, None]
+            scaled = _chunk_logits(x, weight, row, pos).to(compute) * scale[pos, None]
             chunk_lse = torch.logsumexp(scaled, dim=-1)
             lse[row, pos] = chunk_lse
             logprobs[row, pos] = scaled.gather(-1, targets[row, pos, None]).squeeze(-1) - chunk_lse
             if with_entropy:
                 log_p = scaled.sub_(chunk_lse[..., None])
                 entropy[row, pos] = -(log_p.exp() * log_p).sum(-1)
-        ctx.save_for_backward(logits, targets, scale, lse)
-        ctx.positions, ctx.gradient_into_logits = positions, gradient_into_logits
+        ctx.save_for_backward(x, weight, targets, scale, lse)
+        ctx.positions, ctx.gradient_into_logits = positions, gradient_into_logits and weight is None
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logprobs, _grad_entropy):
-        logits, targets, scale, lse = ctx.saved_tensors
+        x, weight, targets, scale, lse = ctx.saved_tensors
         # Each chunk is read (into `chunk`) before its gradient is written back, so the buffer can be reused.
-        grad = logits.detach() if ctx.gradient_into_logits else torch.empty_like(logits)
-        for row, pos in _blocks(*logits.shape[:2], ctx.positions):
-            # d/dx_j of (s·x_y − lse(s·x)) is s·(1[j = y] − p_j).
-            weight = (grad_logprobs[row, pos] * scale[pos])[..., None]
-            chunk = logits[row, pos].to(lse.dtype) * scale[pos, None]
-            chunk.sub_(lse[row, pos, None]).exp_().mul_(-weight)
-            chunk.scatter_add_(-1, targets[row, pos, None], weight)
-            grad[row, pos] = chunk
-        return grad, None, None, None, None, None
+        grad = x.detach() if ctx.gradient_into_logits else torch.empty_like(x)
+        grad_weight = None if weight is None else torch.zeros_like(weight, dtype=lse.dtype)
+        for row, pos in _blocks(*x.shape[:2], ctx.positions):
+            # d/dz_j of (s·z_y − lse(s·z)) is s·(1[j = y] − p_j), z the logits.
+            g = (grad_logprobs[row, pos] * scale[pos])[..., None]
+            chunk = _chunk_logits(x, weight, row, pos).to(lse.dtype) * scale[pos, None]
+            chunk.sub_(lse[row, pos, None]).exp_().mul_(-g)
+            chunk.scatter_add_(-1, targets[row, pos, None], g)
+            if weight is None:
+                grad[row, pos] = chunk
+            else:  # through z = x @ weight.T, with the logits' gradient in their dtype, as an unfused layer has it
+                chunk = chunk.to(weight.dtype)
+                grad[row, pos] = chunk @ weight
+                grad_weight += (chunk.flatten(0, 1).T @ x[row, pos].flatten(0, 1)).to(grad_weight.dtype)
+        return grad, None if weight is None else grad_weight.to(weight.dtype), None, None, None, None, None
+
+
+def _chunk_logits(x: torch.Tensor, weight: torch.Tensor | None, row: slice, pos: slice) -> torch.Tensor:
+    """One chunk's logits: x's own (x [N, L, V]) or the output layer's on the hidden states (x [N, L, H])."""
+    return x[row, pos] if weight is None else torch.nn.functional.linear(x[row, pos], weight)
 
 
 def _next_token_logprobs(
@@ -105,11 +121,13 @@ def _next_token_logprobs(
     with_entropy: bool,
     chunk_elements: int,
     gradient_into_logits: bool = False,
+    output_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Column-aligned next-token log-probs and entropies under softmax(logits[:, t] · inverse_temperature[t]).
 
     Args:
-        logits: [N, L, V]; logits[:, t] predicts token t + 1.
+        logits: [N, L, V]; logits[:, t] predicts token t + 1. With `output_weight` [V, H]: the last hidden states
+            [N, L, H] whose logits are `logits @ output_weight.T` (`_ChunkedTokenLogprobs`).
         input_ids: [N, L].
         inverse_temperature: [L] float32.
     Returns:
@@ -118,10 +136,11 @@ def _next_token_logprobs(
     """
     # The last position predicts no token: it gets a dummy target and its result is dropped.
     targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1))
-    positions = _positions_per_chunk(logits.shape[-1], chunk_elements)
+    vocab = logits.shape[-1] if output_weight is None else output_weight.shape[0]
+    positions = _positions_per_chunk(vocab, chunk_elements)
     scale = inverse_temperature.to(logits.device, torch.float32)
     logprobs, entropy = _ChunkedTokenLogprobs.apply(
-        logits, targets, scale, positions, with_entropy, gradient_into_logits
+        logits, output_weight, targets, scale, positions, with_entropy, gradient_into_logits
     )
 
     def align(per_position: torch.Tensor) -> torch.Tensor:
@@ -143,11 +162,13 @@ def gather_token_logprobs(
     temperature: float = 1.0,
     *,
     chunk_elements: int = CHUNK_ELEMENTS,
+    gradient_into_logits: bool = False,
 ) -> torch.Tensor:
     """Log-prob of each next token under `softmax(logits / temperature)`, differentiable, in chunks of positions.
 
     Memory beyond `logits` itself: about `chunk_elements` float32 values at a time, plus (in backward) a gradient
-    in the dtype of `logits`; never a float32 copy of the whole [N, L, V] tensor.
+    in the dtype of `logits`, written into the logits' own buffer with `gradient_into_logits` (for a caller whose
+    logits nothing else reads); never a float32 copy of the whole [N, L, V] tensor.
 
     Args:
         logits: [N, L, V] in any float dtype, logits[:, t] predicts token t + 1.
@@ -157,7 +178,7 @@ def gather_token_logprobs(
         [N, L] float32 where column t holds log p(input_ids[:, t] | input_ids[:, :t]); column 0 (no context) is 0.
     """
     scale = torch.full((logits.shape[1],), 1.0 / temperature, device=logits.device)
-    return _next_token_logprobs(logits, input_ids, scale, False, chunk_elements)[0]
+    return _next_token_logprobs(logits, input_ids, scale, False, chunk_elements, gradient_into_logits)[0]
 
 
 def prompt_response_token_logprobs(
@@ -196,13 +217,15 @@ def prompt_response_logprobs_and_entropy(
     with_entropy: bool = True,
     chunk_elements: int = CHUNK_ELEMENTS,
     gradient_into_logits: bool = False,
+    output_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`prompt_response_token_logprobs` and, from the same logsumexps, the entropy of every scored distribution.
 
     One pass over the logits instead of two: the trainer's response entropy (nats, at the sampling temperature) is
     `entropy[:, P:]`, equal to `token_entropy(logits[:, P - 1 : -1], temperature)`. `gradient_into_logits`: backward
     writes the logits' gradient into their own buffer (one [N, L, V] buffer at the peak, not two), for a caller whose
-    logits nothing else reads afterwards.
+    logits nothing else reads afterwards. `output_weight` [V, H]: `logits` are the last hidden states [N, P + R, H]
+    and the output layer runs fused, chunk by chunk (`output_layer.py`): the logits never exist.
 
     Returns:
         ([N, P + R] log-probs as `prompt_response_token_logprobs`, [N, P + R] entropies without gradient, column t
@@ -210,7 +233,9 @@ def prompt_response_logprobs_and_entropy(
         is false).
     """
     scale = _position_scale(logits.shape[1], prompt_length, temperature, logits.device)
-    return _next_token_logprobs(logits, input_ids, scale, with_entropy, chunk_elements, gradient_into_logits)
+    return _next_token_logprobs(
+        logits, input_ids, scale, with_entropy, chunk_elements, gradient_into_logits, output_weight
+    )
 
 
 def sequence_logprobs(

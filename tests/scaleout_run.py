@@ -61,6 +61,11 @@ CONFIGS = {
         algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, warmup_steps=2,
         gradient_clip_norm=0.5, query_kl_scoring="shared_prompt",
     ),
+    # `erpo` with the output layer fused into the log-probs: its weight is read outside the module's forward.
+    "fused_output": dict(
+        algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, warmup_steps=2,
+        gradient_clip_norm=0.5, fused_output_layer=True,
+    ),
     # LoRA adapters on every linear layer (the base frozen), as `erpo`; activation checkpointing through the adapters.
     "lora": dict(
         algorithm="erpo", query_kl_coef=0.5, update_batch_size=2, micro_batch_tokens=20, gradient_clip_norm=0.5,

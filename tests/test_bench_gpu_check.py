@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.distributed  # FSDP2 over a gloo process group, in several processes: not `make test-fast`
 
 REPO = Path(__file__).resolve().parents[1]
-ARMS = {"erpo", "erpo_shared_prompt", "grpo", "grpo_shared_prompt"}
+ARMS = {"erpo", "erpo_shared_prompt", "grpo", "grpo_shared_prompt", "erpo_fused"}
 
 
 def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_path):
@@ -34,6 +34,7 @@ def test_gpu_check_smoke_runs_the_sharded_step_bench_and_the_memory_bench(tmp_pa
     assert set(step["ratios"]) == {
         "step_erpo_over_grpo", "peak_erpo_over_grpo", "step_erpo_shared_prompt_over_grpo",
         "step_erpo_shared_prompt_over_grpo_shared_prompt", "step_erpo_shared_prompt_over_erpo",
+        "step_erpo_fused_over_erpo",
     }  # fmt: skip
     assert all(ratio > 0 for ratio in step["ratios"].values())
 

@@ -71,6 +71,15 @@ def test_the_shared_prompt_on_two_processes_equals_the_exact_step_on_one(erpo_ru
     assert_same_run(erpo_runs["single"], shared)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_fused_output_layer_on_two_processes_equals_one_process(erpo_runs, model_dir, tmp_path, strategy):
+    """`model.fused_output_layer` reads the output layer's weight after the model's forward (FSDP2 leaves the root's
+    weights gathered until backward) and hands it its gradient: DDP and FSDP2 train as one unfused process does."""
+    fused = train(model_dir, tmp_path / strategy, strategy, "fused_output")
+    assert fused["sharded"] == (strategy == "fsdp")
+    assert_same_run(erpo_runs["single"], fused)
+
+
 def test_resume_from_fsdp2_checkpoint_continues_identically(erpo_runs):
     resumed = erpo_runs["resumed"]
     assert [record["epoch"] for record in resumed["records"]] == [1, 2]

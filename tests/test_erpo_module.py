@@ -61,12 +61,17 @@ def setup(tiny_model_path, tiny_model):
 
 @pytest.mark.parametrize(("scoring", "tolerance"), [("exact", 0.0), ("shared_prompt", 0.0), ("shared_forward", 1e-3)])
 @pytest.mark.parametrize("estimator", ["sequence_k3", "token_k3"])
-def test_loss_matches_formula_at_step_zero(setup, estimator, scoring, tolerance):
+@pytest.mark.parametrize("fused", [False, True])
+def test_loss_matches_formula_at_step_zero(setup, estimator, scoring, tolerance, fused):
+    """With the output layer fused into the log-probs (`model.fused_output_layer`) too."""
     path, reference, batch, model = setup
     # Shift the cached reference so that Query-KL is non-zero and its coefficient matters.
     shifted = copy.deepcopy(reference)
     shifted.rows = [row + 0.05 for row in reference.rows]
-    module = make_module(path, shifted, query_kl_coef=0.5, query_kl_estimator=estimator, query_kl_scoring=scoring)
+    module = make_module(
+        path, shifted, query_kl_coef=0.5, query_kl_estimator=estimator, query_kl_scoring=scoring,
+        fused_output_layer=fused,
+    )  # fmt: skip
     assert module.algorithm.query_kl_estimator == estimator
     trainer = fit_one_batch(module, batch)
     # Exact scoring tolerates nothing; the shared forward takes float32's noise floor, resolved from model.dtype.

@@ -2,60 +2,15 @@
 The step's loss and gradients equal the plain exact step's within float32 rounding, and Query-KL at θ0 stays exactly
 0 in float32 and bfloat16."""
 
-from dataclasses import replace
-
 import pytest
 import torch
-from helpers.batches import carrying_scores
-from helpers.module_steps import PROMPTS, ReferenceLogprobs, rollout_batch
+from helpers.module_steps import PROMPTS
+from helpers.step_runs import LayoutScores, prepared, step
 
-from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import resolve_algorithm
-from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
 from erpo_lightning.modules.settings import check_module_settings
 from erpo_lightning.tiny_qwen2 import load_tiny_model
-from erpo_lightning.update import accumulate_gradients, micro_batches, rollout_loss_rows, step_normalizers
-
-
-class LayoutScores(ReferenceLogprobs):
-    """θ0's query scores computed as the cache build does: `score_block` in the layout, no grad."""
-
-    def __init__(self, model, prompts, layout=None):
-        super().__init__(model, prompts)
-        self.layout = layout or QueryScoringLayout()
-        with torch.no_grad():
-            self.rows = [score_block(model, [p], self.layout)[0] for p in prompts]
-
-
-def step(model, algorithm, batch, cache, max_tokens, share_prompt, reference_policy=None):
-    """The parameters' gradients, the step's loss, its micro-batches' stats and its query drift."""
-    model.zero_grad(set_to_none=True)
-    rows = rollout_loss_rows(batch, 4)
-    normalizers = step_normalizers(
-        batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
-    )
-    micros = ((rollout_loss_rows(micro, 4), True) for _, micro in micro_batches(batch, max_tokens))
-    stats = accumulate_gradients(
-        model, rows, micros, batch.group_size, algorithm, normalizers, lambda loss: loss.backward(), cache,
-        lambda count: count, reference_policy, share_prompt=share_prompt,
-    )  # fmt: skip
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return grads, stats
-
-
-def prepared(model, cache, algorithm, perturb=True):
-    batch = rollout_batch(model)
-    if perturb:  # off θ0, so Query-KL and its gradient are not 0
-        with torch.no_grad():
-            for parameter in model.parameters():
-                if parameter.requires_grad:
-                    noise = torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0))
-                    parameter.add_(0.05 * noise.to(parameter.dtype))
-    batch = carrying_scores(batch, algorithm, cache.nll)
-    if batch.query_weights is None:
-        batch = replace(batch, query_weights=obj.query_weights(cache.nll, cache.nll.mean()).repeat_interleave(2))
-    return replace(batch, advantages=obj.group_advantages(batch.rewards, batch.group_size, "grpo"))
 
 
 @pytest.mark.parametrize("preset", ["erpo", "grpo", "grpo_kl", "dr_grpo", "erpo_released"])

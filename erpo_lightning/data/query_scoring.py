@@ -77,7 +77,8 @@ def forward_block(
 
     The one forward both the cache build and the training step score queries with (`score_block`), and the shared
     prompt too (`keep_cache`: the output also holds the block's keys and values; keeping them does not change the
-    computation). Differentiable when called with grad enabled.
+    computation). Differentiable when called with grad enabled; without `keep_cache`, whose caller reads the logits
+    again, backward writes the logits' gradient into their own buffer (one logits-sized buffer at the peak).
 
     Args:
         prompts: token ids of up to `layout.rows` queries; all must share one `layout.width`.
@@ -89,7 +90,7 @@ def forward_block(
     input_ids = _block_input_ids(prompts, layout, next(model.parameters()).device)
     # An all-ones mask: padding sits after every real token, so causal attention keeps it out of every real score.
     output = causal_lm_output(model, input_ids, torch.ones_like(input_ids), use_cache=keep_cache)
-    token_logprobs = gather_token_logprobs(output.logits, input_ids).float()
+    token_logprobs = gather_token_logprobs(output.logits, input_ids, gradient_into_logits=not keep_cache).float()
     return output, [token_logprobs[row, : len(ids)] for row, ids in enumerate(prompts)]
 
 

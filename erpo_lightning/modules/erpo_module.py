@@ -44,6 +44,7 @@ from erpo_lightning.modules.step_metrics import (
     update_micro_metrics,
     update_query_metrics,
 )
+from erpo_lightning.output_layer import fused_output_problem
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.update import (
@@ -95,6 +96,10 @@ class ERPOModule(L.LightningModule):
             (a step already taken cannot be dropped), and no checkpoint with non-finite weights is written.
         dtype: `float32` | `bfloat16` for the policy weights; `float16` is refused (`modules/settings.py`).
         gradient_checkpointing: recompute each decoder layer's activations in backward (activation checkpointing).
+        fused_output_layer: the step's forward stops at the last hidden states and the output layer runs inside the
+            log-prob code, a chunk of positions at a time, so the [rows, positions, vocabulary] logits never exist:
+            less memory for one more output-layer matmul in backward (`output_layer.py`). Llama, Mistral, Qwen2 and
+            Qwen3 models, with a plain (not LoRA-adapted) output layer; others are refused.
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
             None = compute in `dtype`. Ignored without FSDP2.
@@ -146,6 +151,7 @@ class ERPOModule(L.LightningModule):
         max_consecutive_skips: int = 10,
         dtype: Dtype = "float32",
         gradient_checkpointing: bool = False,
+        fused_output_layer: bool = False,
         fsdp_mixed_precision: Dtype | None = None,
         trust_remote_code: bool = False,
         peft: LoraSettings | None = None,
@@ -209,6 +215,8 @@ class ERPOModule(L.LightningModule):
             if self.lora is not None:  # the frozen embeddings' output must carry grad into checkpointed layers
                 self.policy.enable_input_require_grads()
         self.policy.config.use_cache = False
+        if self.hparams.fused_output_layer and (problem := fused_output_problem(self.policy)) is not None:
+            raise ValueError(f"model.fused_output_layer cannot be used with {self.hparams.model_path}: {problem}")
         if self.algorithm.policy_kl_coef > 0 or self.hparams.monitor_policy_kl:
             self.reference_policy = self._load_causal_lm().eval().requires_grad_(False)
         if self.device_mesh is not None:  # set by ModelParallelStrategy only
@@ -341,7 +349,7 @@ class ERPOModule(L.LightningModule):
             batch.group_size, self.algorithm, normalizers, self.manual_backward,
             None if scoring == "shared_forward" else self.reference_cache,
             lambda count: int(all_reduce(self._trainer, count, "max", self.device)), self.reference_policy,
-            share_prompt=scoring == "shared_prompt", loss_scale=scale,
+            share_prompt=scoring == "shared_prompt", loss_scale=scale, fused_output=self.hparams.fused_output_layer,
         )  # fmt: skip
         # the whole step's values, equal on every rank
         step_loss, step_pg_loss = self._global_sum(torch.stack([step.loss, step.pg_loss]))

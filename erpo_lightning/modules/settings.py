@@ -10,8 +10,14 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from erpo_lightning.modules.lora import check_lora_settings, check_lora_targets_before_loading, require_peft
+from erpo_lightning.modules.lora import (
+    check_lora_settings,
+    check_lora_targets_before_loading,
+    model_skeleton,
+    require_peft,
+)
 from erpo_lightning.modules.optim import NonFiniteGuard, check_optimizer_settings
+from erpo_lightning.output_layer import fused_output_problem
 from erpo_lightning.setting_rules import Rule, check_rules
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -75,9 +81,23 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
             "responses run on their prompt's cached keys and values, and Hugging Face models drop that cache under "
             "gradient checkpointing; use query_kl_scoring 'exact' (its step forwards each prompt with its responses)"
         )
+    if settings.get("fused_output_layer"):
+        check_fusable_before_loading(settings.get("model_path"), bool(settings.get("trust_remote_code", False)))
     if settings.get("peft") is not None:  # LoRA: its ranges, peft installed, its targets, before any weight loads
         check_lora_settings(settings["peft"])
         require_peft()
         check_lora_targets_before_loading(
             settings["peft"], settings.get("model_path"), bool(settings.get("trust_remote_code", False))
         )
+
+
+def check_fusable_before_loading(model_path: str | None, trust_remote_code: bool = False) -> None:
+    """ValueError naming `model.fused_output_layer` when the skeleton of `model_path` (`lora.model_skeleton`: its
+    config.json, no weights) cannot fuse its output layer (`output_layer.fused_output_problem`). Not checked without
+    a path, for a `.gguf` file or when the config cannot be read: `ERPOModule.configure_model` checks the loaded
+    model."""
+    if not model_path or str(model_path).lower().endswith(".gguf"):
+        return
+    skeleton = model_skeleton(str(model_path), trust_remote_code)
+    if skeleton is not None and (problem := fused_output_problem(skeleton)) is not None:
+        raise ValueError(f"model.fused_output_layer cannot be used with {model_path}: {problem}; set it to false")

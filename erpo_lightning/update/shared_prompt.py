@@ -30,6 +30,7 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.query_scoring import QueryScoringLayout, forward_block
 from erpo_lightning.logprobs import prompt_response_logprobs_and_entropy
+from erpo_lightning.output_layer import output_layer_bypassed
 from erpo_lightning.update.query_pass import exact_query_kl
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class PromptPass:
         graph: the forward's own tensors behind each leaf, in the order (keys..., values..., last_logits), for
             `closing_loss`. They hold the prompt forward's graph, its logits included, until the step's last backward.
         fillers: the logits of filler blocks (a rank with fewer queries runs as many blocks as the others).
+        fused_output: the response forward's output layer runs inside the log-prob code (`output_layer.py`).
     """
 
     term: torch.Tensor
@@ -73,6 +75,7 @@ class PromptPass:
     last_logits: torch.Tensor
     graph: list[torch.Tensor] = field(default_factory=list)
     fillers: list[torch.Tensor] = field(default_factory=list)
+    fused_output: bool = False
 
     def forward(self, policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
         """The `step.Forward` of a micro-batch under the shared prompt: its responses on their queries' keys and
@@ -99,16 +102,22 @@ class PromptPass:
         response_ids, response_mask = rows.input_ids[:, prompt_length:], rows.attention_mask[:, prompt_length:]
         prompt_mask = (torch.arange(width, device=device) < lengths[:, None]).to(response_mask.dtype)
         positions = lengths[:, None] + torch.arange(response_ids.shape[1], device=device)
-        logits = policy(
-            input_ids=response_ids,
-            attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        ).logits
+        inputs = {
+            "input_ids": response_ids,
+            "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+            "position_ids": positions,
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        weight = None
+        if self.fused_output:
+            with output_layer_bypassed(policy) as head:
+                window, weight = policy(**inputs).logits, head.weight
+        else:
+            window = policy(**inputs).logits
         # Position j of the response forward predicts response token j + 1; column 0 is scored below.
         rest, rest_entropy = prompt_response_logprobs_and_entropy(
-            logits, response_ids, 1, temperature, gradient_into_logits=True
+            window, response_ids, 1, temperature, gradient_into_logits=True, output_weight=weight
         )
         first = self.last_logits.index_select(0, places).float() / temperature
         first_log_p = torch.log_softmax(first, dim=-1)
@@ -147,9 +156,11 @@ def prompt_pass(
     normalizers: dict[str, torch.Tensor],
     most_blocks: Callable[[int], int],
     constant: float | None = None,
+    fused_output: bool = False,
 ) -> PromptPass:
     """Forward the step's unique queries once, in the cache's layout (`query_pass.exact_query_kl`, whose arguments
-    these are, with no backward), keeping their keys, values and last logits for `PromptPass.forward`."""
+    these are, with no backward), keeping their keys, values and last logits for `PromptPass.forward`, whose
+    response forward fuses its output layer with the log-probs if `fused_output`."""
     blocks: list[_Block] = []
     with_grad = torch.is_grad_enabled()
 
@@ -199,4 +210,5 @@ def prompt_pass(
         last_logits=_leaf(last_logits),
         graph=[*keys, *values, last_logits],
         fillers=[block.logits for block in blocks[real:]],
+        fused_output=fused_output,
     )

@@ -24,6 +24,7 @@ from erpo_lightning.logprobs import (
     response_logprobs,
     response_window_logits,
 )
+from erpo_lightning.output_layer import causal_lm_hidden
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.update.shared_prompt import prompt_pass
@@ -86,26 +87,40 @@ def rollout_loss_rows(
 Forward = Callable[[torch.nn.Module, LossRows], tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def full_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
+def full_logits_forward(
+    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The `Forward` of `shared_forward` scoring, which reads the prompt tokens too: the policy's logits at every
     position, then log-probs and entropy from them. The logits live only here, so backward writes their gradient
-    into their own buffer (`gradient_into_logits`), as in `response_logits_forward`."""
-    logits = causal_lm_logits(policy, rows.input_ids, rows.attention_mask)
+    into their own buffer (`gradient_into_logits`), as in `response_logits_forward`. `fused_output`: the output
+    layer runs chunk by chunk inside the log-prob code, so the logits never exist (`output_layer.py`)."""
+    if fused_output:
+        window, weight = causal_lm_hidden(policy, rows.input_ids, rows.attention_mask)
+    else:
+        window, weight = causal_lm_logits(policy, rows.input_ids, rows.attention_mask), None
     return prompt_response_logprobs_and_entropy(
-        logits, rows.input_ids, rows.prompt_length, rows.temperature, gradient_into_logits=True
+        window, rows.input_ids, rows.prompt_length, rows.temperature, gradient_into_logits=True, output_weight=weight
     )
 
 
-def response_logits_forward(policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
+def response_logits_forward(
+    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The `Forward` when no prompt log-prob is read (the exact pass scores the queries): the output layer, the
     log-softmax and the entropy run on the R + 1 positions that predict response tokens only (`logits_to_keep`),
-    not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0."""
+    not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0. `fused_output` as in
+    `full_logits_forward`."""
     prompt_length = rows.prompt_length
-    logits = response_window_logits(policy, rows.input_ids, rows.attention_mask, prompt_length)
+    if fused_output:
+        keep = rows.input_ids.shape[1] - prompt_length + 1
+        window, weight = causal_lm_hidden(policy, rows.input_ids, rows.attention_mask, logits_to_keep=keep)
+    else:
+        window, weight = response_window_logits(policy, rows.input_ids, rows.attention_mask, prompt_length), None
     # Column 0 of the kept window is the last prompt token, unscored; columns 1.. are the response at T.
     logprobs, entropy = prompt_response_logprobs_and_entropy(
-        logits, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, gradient_into_logits=True
-    )
+        window, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, gradient_into_logits=True,
+        output_weight=weight,
+    )  # fmt: skip
     skipped = (prompt_length - 1, 0)
     return torch.nn.functional.pad(logprobs, skipped), torch.nn.functional.pad(entropy, skipped)
 
@@ -149,13 +164,14 @@ def micro_batch_loss(
     normalizers: dict[str, torch.Tensor],
     reference_policy: torch.nn.Module | None = None,
     forward: Forward | None = None,
+    fused_output: bool = False,
 ) -> tuple[torch.Tensor, obj.LossStats]:
     """The loss of one micro-batch (`objectives.rl_loss`), already divided by its step's global counts.
 
     One forward scores the responses (policy gradient) and, under `shared_forward` (`rows.reference_query_logprobs`
     given), the prompts (Query-KL); the entropy comes from the same pass. `reference_policy`, when given, scores the
     responses for Policy-KL (no gradient). `forward` None: `full_logits_forward` under `shared_forward`, else
-    `response_logits_forward`.
+    `response_logits_forward`, with the output layer fused into the log-probs if `fused_output`.
     Returns:
         the loss (0-dim) and its `LossStats`, with the response entropy [N, R] and, on policy, the engine–trainer
         log-prob gap [N, R] (`logprob_abs_diff`: this forward is the trainer's view of the sampled tokens).
@@ -163,7 +179,9 @@ def micro_batch_loss(
     prompt_length = rows.prompt_length
     if forward is None:
         forward = response_logits_forward if rows.reference_query_logprobs is None else full_logits_forward
-    token_logprobs, entropy = forward(policy, rows)
+        token_logprobs, entropy = forward(policy, rows, fused_output)
+    else:
+        token_logprobs, entropy = forward(policy, rows)
     query_lp, query_mask, response_lp, _ = obj.split_prompt_response(token_logprobs, rows.attention_mask, prompt_length)
     on_policy = rows.old_logprobs is None
     old = response_lp.detach() if on_policy else rows.old_logprobs
@@ -228,6 +246,7 @@ def accumulate_gradients(
     reference_policy: torch.nn.Module | None = None,
     share_prompt: bool = False,
     loss_scale: float = 1.0,
+    fused_output: bool = False,
 ) -> StepStats:
     """Forward and backward of one optimizer step on this rank: first the exact Query-KL pass over the step's unique
     queries (`cache` given; None under `shared_forward`), then every micro-batch. The gradients accumulate in the
@@ -244,6 +263,8 @@ def accumulate_gradients(
             every rank must run as many (each runs collectives).
         backward: runs backward on a loss.
         loss_scale: what each loss share is multiplied by before `backward` (a trainer's averaging over ranks).
+        fused_output: the micro-batches' output layer runs inside the log-prob code, chunk by chunk
+            (`output_layer.py`); the query pass keeps the cache's unfused layout.
     """
     device = step_rows.input_ids.device
     stats = StepStats(torch.zeros((), device=device), torch.zeros((), device=device))
@@ -253,8 +274,9 @@ def accumulate_gradients(
             raise ValueError("the shared prompt scores the queries in the reference cache's layout: pass the cache")
         prompts, query_index = step_queries(step_rows)
         shared = prompt_pass(
-            policy, prompts, query_index, group_size, cache, algorithm, normalizers, most_blocks, step_rows.constant
-        )
+            policy, prompts, query_index, group_size, cache, algorithm, normalizers, most_blocks, step_rows.constant,
+            fused_output,
+        )  # fmt: skip
         stats.query_drift, forward = shared.drift, shared.forward
     elif cache is not None:
         term, stats.query_drift = query_pass_term(
@@ -263,7 +285,9 @@ def accumulate_gradients(
         )  # fmt: skip
         stats.loss = stats.loss + term
     for rows, real in micro_batches:
-        loss, loss_stats = micro_batch_loss(policy, rows, algorithm, normalizers, reference_policy, forward)
+        loss, loss_stats = micro_batch_loss(
+            policy, rows, algorithm, normalizers, reference_policy, forward, fused_output
+        )
         # Even a non-finite loss goes through backward: every rank must run the same collectives.
         backward(loss * (loss_scale if real else 0.0))
         if real:
