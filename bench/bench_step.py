@@ -38,12 +38,23 @@ from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 from erpo_lightning.rollout.batch import QueryBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
 
-# arm -> (model.algorithm, model.query_kl_scoring, model.fused_output_layer)
-ARMS = {"erpo": ("erpo", "exact", False), "erpo_shared_forward": ("erpo", "shared_forward", False),
-        "grpo": ("grpo", "exact", False), "grpo_kl": ("grpo_kl", "exact", False),
-        "erpo_shared_prompt": ("erpo", "shared_prompt", False), "grpo_shared_prompt": ("grpo", "shared_prompt", False),
-        "erpo_fused": ("erpo", "exact", True), "grpo_fused": ("grpo", "exact", True),
-        "erpo_shared_prompt_fused": ("erpo", "shared_prompt", True)}  # fmt: skip
+# arm -> (model.algorithm, model.query_kl_scoring, model.fused_output_layer, query-scoring layout: (data.
+# query_score_rows, data.query_score_width_multiple), None = the flags' (or the default))
+ALONE = (1, 8)  # each query alone, padded to a multiple of 8 tokens: no filler rows, little padding
+ARMS = {
+    "erpo": ("erpo", "exact", False, None),
+    "erpo_shared_forward": ("erpo", "shared_forward", False, None),
+    "grpo": ("grpo", "exact", False, None),
+    "grpo_kl": ("grpo_kl", "exact", False, None),
+    "erpo_shared_prompt": ("erpo", "shared_prompt", False, None),
+    "grpo_shared_prompt": ("grpo", "shared_prompt", False, None),
+    "erpo_fused": ("erpo", "exact", True, None),
+    "grpo_fused": ("grpo", "exact", True, None),
+    "erpo_shared_prompt_fused": ("erpo", "shared_prompt", True, None),
+    "erpo_alone": ("erpo", "exact", False, ALONE),
+    "grpo_alone": ("grpo", "exact", False, ALONE),
+    "erpo_shared_prompt_alone": ("erpo", "shared_prompt", False, ALONE),
+}
 Strategy = Literal["auto", "model_parallel"]
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
 # "0.5b" is Qwen2.5-0.5B's, "1.5b" Qwen2-1.5B's (both with the 151,936-token vocabulary).
@@ -116,9 +127,12 @@ def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module |
 
 
 def scoring_layout(args):
-    """The query-scoring layout of `--query-score-rows` and `--query-score-width-multiple` (None: the default)."""
+    """The query-scoring layout of the arm (ARMS), else of `--query-score-rows` and `--query-score-width-multiple`
+    (None: the default)."""
     from erpo_lightning.data.query_scoring import QueryScoringLayout
 
+    if args.arm is not None and ARMS[args.arm][3] is not None:
+        return QueryScoringLayout(*ARMS[args.arm][3])
     if args.query_score_rows is None and args.query_score_width_multiple is None:
         return None
     default = QueryScoringLayout()
@@ -205,7 +219,7 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     model_path = policy_path(args)
     batch = rollout_batch(args, AutoConfig.from_pretrained(model_path).vocab_size)
-    algorithm, scoring, fused = ARMS[args.arm]
+    algorithm, scoring, fused, _ = ARMS[args.arm]
     module = ERPOModule(
         str(model_path), algorithm=algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens,
         query_kl_scoring=scoring, **({"fused_output_layer": True} if fused else {}),  # a baseline tree may lack it
@@ -319,6 +333,9 @@ RATIOS = {  # name -> (numerator, denominator, quantity)
     "step_erpo_shared_prompt_over_erpo": ("erpo_shared_prompt", "erpo", "step_s_median"),
     "step_erpo_fused_over_grpo_fused": ("erpo_fused", "grpo_fused", "step_s_median"),
     "step_erpo_fused_over_erpo": ("erpo_fused", "erpo", "step_s_median"),
+    "step_erpo_alone_over_grpo_alone": ("erpo_alone", "grpo_alone", "step_s_median"),
+    "step_erpo_alone_over_erpo": ("erpo_alone", "erpo", "step_s_median"),
+    "above_rest_erpo_alone_over_erpo": ("erpo_alone", "erpo", "above_rest_mib_median"),
 }
 
 
