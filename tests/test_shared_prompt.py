@@ -8,6 +8,7 @@ from helpers.module_steps import PROMPTS
 from helpers.step_runs import LayoutScores, prepared, step
 
 from erpo_lightning.algorithms import resolve_algorithm
+from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
 from erpo_lightning.modules.settings import check_module_settings
 from erpo_lightning.tiny_qwen2 import load_tiny_model
@@ -39,14 +40,17 @@ def test_the_shared_prompt_step_equals_the_exact_step(tiny_model_path, preset, m
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_query_kl_at_theta0_is_exactly_zero_under_the_shared_prompt(tiny_model_path, dtype):
+@pytest.mark.parametrize("share_prompt", [True, False])
+@pytest.mark.parametrize("layout", [QueryScoringLayout(), QueryScoringLayout(rows=1, width_multiple=8)])
+def test_query_kl_at_theta0_is_exactly_zero_in_either_layout(tiny_model_path, dtype, share_prompt, layout):
     """At θ0 the prompt forward is the cache build's, to the bit: every query token's log-ratio is exactly 0 and
-    the Query-KL term adds nothing, in float32 and bfloat16."""
+    the Query-KL term adds nothing, in float32 and bfloat16, with the shared prompt and the exact pass, in the
+    default layout and with each query alone at a width multiple of 8 (bench_step's `*_alone` arms)."""
     model = load_tiny_model(tiny_model_path).to(dtype)
-    cache = LayoutScores(model, PROMPTS)
+    cache = LayoutScores(model, PROMPTS, layout)
     algorithm = resolve_algorithm("erpo", query_kl_tolerance=0.0)
     batch = prepared(model, cache, algorithm, perturb=False)
-    _, stats = step(model, algorithm, batch, cache, 10_000, True)
+    _, stats = step(model, algorithm, batch, cache, 10_000, share_prompt)
     drift = stats.query_drift.query_loglik_change
     assert drift.numel() == len(PROMPTS) and torch.equal(drift, torch.zeros_like(drift))
     assert torch.equal(stats.query_drift.query_kl, torch.zeros_like(drift))
