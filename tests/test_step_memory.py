@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from erpo_lightning.data import step_memory
 from erpo_lightning.data.step_memory import ModelShape, StepSizes, check_fit_memory, memory_verdict
+from erpo_lightning.logprobs import CHUNK_ELEMENTS
 from erpo_lightning.toy import SHIPPED_DIR
 
 GIB = 2**30
@@ -87,3 +88,17 @@ def test_lora_adapters_count_their_weights_gradients_and_adam_moments():
     assert step_memory.step_memory(sizes(8), shape)["LoRA adapters"] == 0
     doubled = adapter_parameters_before_loading({"r": 16, "target_modules": ["q_proj"]}, str(SHIPPED_DIR))
     assert doubled == 2 * adapters
+
+
+def test_the_fused_output_layer_holds_one_chunk_of_logits_not_the_micro_batch_s():
+    """`model.fused_output_layer`: the lower bound's micro-batch part is one chunk's logits, not t × V; a vocabulary
+    small enough that one chunk covers the whole forward changes nothing."""
+    wide = ModelShape(vocab_size=151_936, hidden_size=1536, layers=28, kv_width=256, parameters=1_500_000_000)
+    plain = step_memory.step_memory(sizes(8), wide)["micro-batch"]
+    fused = step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4, fused_output=True), wide)["micro-batch"]
+    assert plain == 1000 * 151_936 * 8
+    assert fused == (CHUNK_ELEMENTS // 151_936) * 151_936 * 8 < plain
+    shipped = ModelShape.read(str(SHIPPED_DIR))
+    assert step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4, fused_output=True), shipped) == (
+        step_memory.step_memory(sizes(8), shipped)
+    )

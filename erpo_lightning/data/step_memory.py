@@ -11,7 +11,8 @@ each part a lower bound (d: bytes per value of `model.dtype`):
 - generation (HFEngine): g × tokens × 2·L·kv × d + g × V × 4, the KV cache of the g rows generated at once (its
   `micro_batch_size`, else every row) and their float32 next-token logits; vLLM sizes its own cache and counts 0;
 - micro-batch: t × V × 4 × 2, the float32 logits and log-softmax of one forward of t = max(`model.micro_batch_tokens`,
-  one row) tokens (activations come on top);
+  one row) tokens (activations come on top); with `model.fused_output_layer` the logits exist one chunk of positions
+  at a time (`logprobs.CHUNK_ELEMENTS` values), so t is at most one chunk's positions;
 - weights: parameters × d / devices, the policy's weights alone, split over the devices as under FSDP (gradients and
   AdamW's state come on top);
 - LoRA adapters: a × 16 / devices, the float32 weights, gradients and AdamW's two moments of the a = Σ r · (in + out)
@@ -34,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from erpo_lightning.logprobs import CHUNK_ELEMENTS
 
 REFUSE_FACTOR = 4.0  # refuse above this many times the memory available
 ROLLOUT_BYTES_PER_TOKEN = 16  # int64 token id + int64 attention mask
@@ -95,6 +98,7 @@ class StepSizes:
         dtype_bytes: bytes per weight in `model.dtype`.
         devices: devices the weights may be split over.
         adapter_parameters: parameters the LoRA adapters add (`modules.lora.adapter_parameters_before_loading`).
+        fused_output: `model.fused_output_layer`: the forward's logits exist one chunk at a time.
     """
 
     rows: int
@@ -104,12 +108,15 @@ class StepSizes:
     dtype_bytes: int
     devices: int = 1
     adapter_parameters: int = 0
+    fused_output: bool = False
 
 
 def step_memory(sizes: StepSizes, shape: ModelShape) -> dict[str, int]:
     """Bytes one step needs at least, by part (the table of the module docstring)."""
     at_once, vocab = sizes.generated_at_once, shape.vocab_size
     forward_tokens = max(sizes.micro_batch_tokens, sizes.tokens)
+    if sizes.fused_output:
+        forward_tokens = min(forward_tokens, max(1, CHUNK_ELEMENTS // vocab))
     return {
         "rollout batch": sizes.rows * sizes.tokens * ROLLOUT_BYTES_PER_TOKEN,
         "generation": at_once * (sizes.tokens * 2 * shape.layers * shape.kv_width * sizes.dtype_bytes + vocab * 4),
@@ -158,6 +165,7 @@ def check_fit_memory(
     sizes = StepSizes(
         rows, data["max_prompt_length"] + rollout["max_new_tokens"], at_once, model["micro_batch_tokens"],
         DTYPE_BYTES.get(str(model.get("dtype")), 4), _devices(trainer), adapter_parameters,
+        bool(model.get("fused_output_layer")),
     )  # fmt: skip
     warning = memory_verdict(sizes, step_memory(sizes, shape), *machine)
     if warning is not None:
