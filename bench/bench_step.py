@@ -213,7 +213,7 @@ def worker(args) -> dict:
     whether the policy was sharded (its weights FSDP2's DTensors)."""
     from torch.distributed.tensor import DTensor
 
-    from erpo_lightning.data.datamodule import load_reference_model
+    from erpo_lightning.data.cache_build import load_reference_model
     from erpo_lightning.modules.erpo_module import ERPOModule
 
     torch.set_num_threads(args.threads)

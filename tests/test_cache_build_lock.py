@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from erpo_lightning.data import QueryDataModule
+from erpo_lightning.data import QueryDataModule, cache_build
 from erpo_lightning.data.cache import (
     CacheBuildInProgress,
     ReferenceLogprobCache,
@@ -69,7 +69,7 @@ def test_a_datamodule_that_would_build_a_folder_being_built_fails_before_its_mod
 ):
     directory = tmp_path / "cache"
     directory.mkdir()
-    monkeypatch.setattr(QueryDataModule, "_reference_engine", lambda *args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cache_build, "reference_engine", lambda *args: pytest.fail("the model was loaded"))
     datamodule = QueryDataModule(
         str(tiny_model_path),
         train=[{"path": str(BENCHMARK_DIR / "aime24.jsonl"), "limit": 2}],

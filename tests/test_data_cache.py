@@ -176,9 +176,9 @@ def test_datamodule_writes_safe_files_and_reloads_without_a_forward(tiny_dir, tm
     assert files == ["manifest.json", "scores.safetensors"]  # partial chunks removed, nothing pickled
     first = datamodule.cache
 
-    import erpo_lightning.data.datamodule as datamodule_module
+    from erpo_lightning.data import cache_build
 
-    monkeypatch.setattr(datamodule_module, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr(cache_build, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
     reloaded = make_datamodule(tiny_dir, tmp_path / "cache")
     reloaded.setup("fit")
     assert torch.equal(reloaded.cache.logprobs, first.logprobs) and torch.equal(reloaded.cache.nll, first.nll)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import erpo_lightning.data.datamodule as datamodule_module
-from erpo_lightning.data import QueryDataModule
+from erpo_lightning.data import QueryDataModule, cache_build
 from erpo_lightning.data.sources import BENCHMARK_DIR
 
 SOURCES = [{"path": str(BENCHMARK_DIR / "aime24.jsonl"), "limit": 6}]
@@ -141,7 +140,7 @@ def read_only_folder(tmp_path):
 def test_a_read_only_cache_folder_is_refused_before_the_model_loads(tiny_model_path, read_only_folder, monkeypatch):
     folder, lock = read_only_folder
     lock()
-    monkeypatch.setattr(datamodule_module, "load_reference_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(cache_build, "load_reference_model", lambda *a, **k: pytest.fail("model loaded"))
     with pytest.raises(OSError) as error:
         make_datamodule(tiny_model_path, folder).setup("fit")
     assert str(error.value).startswith(f"{folder}: cannot write in this cache folder (")
@@ -155,7 +154,7 @@ def test_a_complete_cache_in_a_read_only_folder_still_loads(tiny_model_path, rea
     built = make_datamodule(tiny_model_path, folder)
     built.setup("fit")
     lock()
-    monkeypatch.setattr(datamodule_module, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr(cache_build, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
     loaded = make_datamodule(tiny_model_path, folder)
     loaded.setup("fit")
     assert len(loaded.cache) == len(built.cache) == 6

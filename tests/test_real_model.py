@@ -160,8 +160,7 @@ def test_a_chat_template_query_is_cached_and_replayed_exactly(smollm2_dir, tmp_p
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import erpo_lightning.data.datamodule as datamodule_module
-    from erpo_lightning.data import QueryDataModule
+    from erpo_lightning.data import QueryDataModule, cache_build
 
     data = yaml.safe_load(SMOLLM2_CONFIG.read_text())["data"]
     source = {**data["train"][0], "path": str(SMOLLM2_CONFIG.parents[1] / data["train"][0]["path"]), "limit": 3}
@@ -189,7 +188,7 @@ def test_a_chat_template_query_is_cached_and_replayed_exactly(smollm2_dir, tmp_p
         # 49k-way softmax (measured up to 3.5e-5 here), far below any Query-KL signal.
         torch.testing.assert_close(first.cache.row(q)[1:], direct, atol=1e-4, rtol=0)
 
-    monkeypatch.setattr(datamodule_module, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr(cache_build, "load_reference_model", lambda *a, **k: pytest.fail("recomputed"))
     replayed = datamodule()
     assert [list(ids) for ids in replayed.data.prompt_ids] == [list(ids) for ids in first.data.prompt_ids]
     assert torch.equal(replayed.cache.logprobs, first.cache.logprobs) and torch.equal(

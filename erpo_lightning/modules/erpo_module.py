@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
-from erpo_lightning.data.datamodule import QueryDataModule, policy_compute_dtype
+from erpo_lightning.data.cache_build import policy_compute_dtype
+from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant

@@ -1,0 +1,195 @@
+"""Building or loading a `QueryDataModule`'s reference score cache: the frozen θ0 model (or vLLM engine) that scores
+the queries, the dtype it runs in, and the checks that a cache found on disk is this run's and intact.
+
+`QueryDataModule.build_or_load_cache` and `erpo cache` (`build_or_load_cache` below) both run
+`load_or_compute_cache`; the cache's files, manifest and locks are `data/cache.py`'s, its fingerprint
+`data/fingerprint.py`'s.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_only
+from transformers import AutoModelForCausalLM
+
+from erpo_lightning.data.cache import (
+    SCORES_FILE,
+    CacheCorruptError,
+    ReferenceLogprobCache,
+    check_writable,
+    lock_cache_build,
+    read_manifest,
+    remove_stale_temporaries,
+    write_cache,
+)
+from erpo_lightning.data.fingerprint import check_manifest, fingerprint_digest
+from erpo_lightning.data.reference_logprobs import Gather, StopOnSignals, compute_reference_logprobs, finished_chunks
+from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
+from erpo_lightning.file_hashes import cache_home
+
+if TYPE_CHECKING:
+    from erpo_lightning.data.datamodule import QueryDataModule
+
+DEFAULT_CACHE_ROOT = cache_home() / "reference"
+
+
+@rank_zero_only
+def report(message: str) -> None:
+    """A one-line progress or summary message, printed once (rank 0), on stderr like the progress bar."""
+    print(f"[erpo data] {message}", file=sys.stderr, flush=True)
+
+
+def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
+    """(rank, world_size, gather) of a Lightning strategy; (0, 1, None) without one."""
+    if strategy is None or strategy.world_size == 1:
+        return 0, 1, None
+
+    def gather(obj):
+        gathered = [None] * strategy.world_size
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+
+    return strategy.global_rank, strategy.world_size, gather
+
+
+def load_or_compute_cache(
+    datamodule: QueryDataModule, force: bool, strategy=None, module=None, repair: bool = False
+) -> ReferenceLogprobCache:
+    """Load `datamodule`'s reference score cache if it exists and matches its run; otherwise compute it and write
+    it (rank 0). `QueryDataModule.build_or_load_cache` is this, with `force` defaulting to `data.cache_force`.
+
+    Args:
+        force: recompute even if a cache exists.
+        strategy: a Lightning strategy to shard the computation over its ranks; None computes on one process.
+        module: the LightningModule to be trained, whose compute dtype the reference forward takes
+            (`QueryDataModule.reference_dtype`); None: `cache_dtype`, else float32.
+        repair: recompute a cache whose files are damaged or do not belong together (what `erpo cache` does)
+            instead of raising `CacheCorruptError`.
+    Raises:
+        CacheMismatchError when a cache exists in `cache_dir` but was computed from another model, tokenizer,
+        template, data or dtype (the message names the fields and how to rebuild); CacheCorruptError when its
+        files are unreadable, cut short, or its scores are not its manifest's (unless `repair`).
+    """
+    dtype = datamodule.reference_dtype(module, strategy)
+    manifest = datamodule.cache_manifest(dtype)
+    digest = fingerprint_digest(manifest)
+    datamodule.cache_digest = digest
+    directory = Path(datamodule.cache_dir) if datamodule.cache_dir else DEFAULT_CACHE_ROOT / digest
+    chunk_dir = directory / "partial" / f"{digest}-c{datamodule.score_settings.chunk_size}"
+    rank, world_size, gather = distributed_context(strategy)
+    # Before the ranks meet below: no rank of this run has written anything yet.
+    if removed := remove_stale_temporaries(directory):
+        report(f"removed {len(removed)} temporary file(s) left in {directory} by an interrupted write")
+    cache = None if force else _load_checked(datamodule, directory, manifest, digest, repair)
+    reuse = cache is not None
+    if gather is not None:  # every rank takes the same branch: computing needs all of them
+        reuse = all(gather(reuse))
+    if reuse:
+        report(f"loaded reference scores of {len(cache)} queries ({dtype}) from {directory}")
+        return replace(cache, layout=datamodule.scoring_layout())
+
+    check_writable(directory, chunk_dir)  # a read-only folder is refused before the model loads
+    if rank == 0:  # and so is a second job building this folder's cache meanwhile (its ranks build together)
+        lock_cache_build(directory)
+    with StopOnSignals(chunk_dir) as stop:  # SIGTERM / SIGUSR1: finished chunks kept, nothing partial
+        model = reference_engine(datamodule, world_size, strategy, dtype)
+        policy = policy_compute_dtype(module, strategy)
+        why = "data.cache_dtype" if datamodule.cache_dtype is not None else "the policy's" if policy else "the default"
+        report(
+            f"computing reference scores of {manifest['num_queries']} queries "
+            f"({manifest['num_prompt_tokens']} tokens) with {datamodule.model_path} "
+            f"({datamodule.cache_engine}, {dtype}: {why}) on {world_size} rank(s)"
+        )
+        if not force and (finished := finished_chunks(chunk_dir)):
+            total = -(-len(datamodule.data.prompt_ids) // datamodule.score_settings.chunk_size)
+            report(f"resuming an interrupted build: {finished} of {total} chunk(s) found in {chunk_dir} are read back")
+        cache = compute_reference_logprobs(
+            model,
+            datamodule.data.prompt_ids,
+            rank,
+            world_size,
+            gather,
+            chunk_dir=chunk_dir,
+            settings=datamodule.score_settings,
+            resume=not force,
+        )
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        with stop.deferred():
+            if rank == 0:
+                write_cache(directory, cache, manifest, digest)
+                shutil.rmtree(directory / "partial", ignore_errors=True)
+    report(f"wrote reference scores to {directory}")
+    return cache  # compute_reference_logprobs gave it its layout (None from vLLM)
+
+
+def _load_checked(
+    datamodule: QueryDataModule, directory: Path, manifest: dict, digest: str, repair: bool
+) -> ReferenceLogprobCache | None:
+    """The cache in `directory` if it is there, this run's, and intact; None when there is none, when it predates
+    fingerprinted scores files, or (with `repair`) when it is damaged: the reason is reported, and it is recomputed.
+    """
+    try:
+        found = read_manifest(directory)
+        if found is None:
+            return None
+        check_manifest(found, manifest, directory)
+        lengths = [len(ids) for ids in datamodule.data.prompt_ids]
+        return ReferenceLogprobCache.load(directory / SCORES_FILE, digest, lengths)
+    except CacheCorruptError as error:
+        if not (repair or error.legacy):
+            raise
+        report(f"rebuilding the reference score cache in {directory}: {error.path.name}: {error.reason}")
+        return None
+
+
+def reference_engine(datamodule: QueryDataModule, world_size: int, strategy, dtype: str):
+    """The frozen reference that scores the queries, in `dtype`: a transformers model, or a vLLM engine."""
+    if datamodule.cache_engine == "transformers":
+        device = datamodule.cache_device or (strategy.root_device if strategy is not None else None)
+        return load_reference_model(datamodule.model_path, dtype, device)
+    if world_size > 1:
+        raise ValueError(
+            "cache_engine: vllm scores on one process; build the cache first with `erpo cache` on one device "
+            "(the trainer then loads it), or use cache_engine: transformers"
+        )
+    return build_vllm_engine(datamodule.model_path, datamodule.max_prompt_length + 1, dtype)
+
+
+def policy_compute_dtype(module=None, strategy=None) -> str | None:
+    """The dtype the policy's forward computes in: `fsdp_mixed_precision` under FSDP2 (`ModelParallelStrategy`),
+    else `dtype`, read from the module's hyperparameters (ERPOModule's names); None without a module that has them."""
+    hparams = getattr(module, "hparams", None) or {}
+    mixed = hparams.get("fsdp_mixed_precision")
+    if mixed is not None and isinstance(strategy, ModelParallelStrategy):
+        return str(mixed)
+    dtype = hparams.get("dtype")
+    return None if dtype is None else str(dtype)
+
+
+def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:
+    """The initial policy in eval mode, as the frozen reference of the cache."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    return model.to(device).eval()
+
+
+def build_or_load_cache(
+    datamodule: QueryDataModule, force: bool = False, strategy=None, module=None
+) -> ReferenceLogprobCache:
+    """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule.
+
+    A damaged cache (unreadable, cut short, scores that are not its manifest's) is rebuilt, with the reason reported.
+    `module` (the configured LightningModule) sets the forward's dtype when `data.cache_dtype` is null.
+    """
+    cache = load_or_compute_cache(datamodule, force, strategy, module, repair=True)
+    datamodule.attach_cache(cache)
+    return cache
