@@ -491,20 +491,20 @@ def test_trl_importance_sampling_correction_maps_onto_rollout_correction(trl_set
     is built: the mapping happens before TRL builds anything)."""
     from trl import GRPOConfig
 
-    from erpo_lightning.integrations.trl import _trl_rollout_correction
+    from erpo_lightning.integrations.trl_config import trl_rollout_correction
 
     def config(**settings):
         return GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **settings)
 
     algorithm = resolve_algorithm("erpo")
-    mapped = _trl_rollout_correction(config(use_vllm=True, **trl_settings), algorithm)
+    mapped = trl_rollout_correction(config(use_vllm=True, **trl_settings), algorithm)
     fields = ("rollout_correction", "rollout_correction_level", "rollout_correction_cap", "rollout_correction_floor")
     assert tuple(getattr(mapped, name) for name in fields) == expected
     assert mapped == replace(algorithm, **dict(zip(fields, expected, strict=True)))  # nothing else changes
     # TRL corrects only with vLLM, and only when asked.
-    assert _trl_rollout_correction(config(**trl_settings), algorithm) == algorithm
+    assert trl_rollout_correction(config(**trl_settings), algorithm) == algorithm
     off = config(use_vllm=True, vllm_importance_sampling_correction=False, **trl_settings)
-    assert _trl_rollout_correction(off, algorithm) == algorithm
+    assert trl_rollout_correction(off, algorithm) == algorithm
 
 
 @requires_trl

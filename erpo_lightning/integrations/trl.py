@@ -20,19 +20,25 @@ Importing this module imports TRL; `import erpo_lightning` does not.
 
 from __future__ import annotations
 
-import math
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import Algorithm, resolve_algorithm
+from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.data.reference_logprobs import compute_reference_logprobs
 from erpo_lightning.integrations.reference_scores import load_or_score, probe_query_kl, reference_manifest
+from erpo_lightning.integrations.trl_config import (
+    ALGORITHM_FIELDS,
+    config_default,
+    config_problem,
+    trainer_algorithm,
+    trl_rollout_correction,
+)
 from erpo_lightning.integrations.trl_guards import (
     FiniteWeightsCallback,
     NaNReturns,
@@ -49,21 +55,6 @@ from erpo_lightning.update import LossRows, micro_batch_loss, query_pass_term, s
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]
 
-# TRL's loss_type for each of our aggregations (docs/trl.md, "Loss types"); seq_mean_token_sum has none.
-TRL_LOSS_TYPE = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
-ALGORITHM_FIELDS = frozenset(field.name for field in fields(Algorithm))
-# TRL's vllm_importance_sampling_mode -> (rollout_correction, rollout_correction_level).
-TRL_IS_MODES = {
-    "token_truncate": ("tis", "token"),
-    "token_mask": ("mis", "token"),
-    "sequence_truncate": ("tis", "sequence"),
-    "sequence_mask": ("mis", "sequence"),
-}
-
-
-def _default(name: str):
-    return GRPOConfig.__dataclass_fields__[name].default
-
 
 def _prompt_ids(trainer: GRPOTrainer, prompts: list) -> list[list[int]]:
     """Token ids of `prompts` exactly as `trainer` tokenizes them for generation (chat template included)."""
@@ -73,51 +64,6 @@ def _prompt_ids(trainer: GRPOTrainer, prompts: list) -> list[list[int]]:
 def _template(trainer: GRPOTrainer, prompts: list) -> dict:
     conversational = bool(prompts) and isinstance(prompts[0], list)
     return {"source": "trl", "chat_template": chat_template(trainer) if conversational else None}
-
-
-def _unsupported(args: GRPOConfig, algorithm: Algorithm) -> str | None:
-    """The first setting of `args` or `algorithm` that ERPOTrainer cannot honour, as a one-line reason, or None."""
-    expected = {  # GRPOConfig field -> the algorithm's value; a field left at TRL's default follows the algorithm
-        "loss_type": TRL_LOSS_TYPE.get(algorithm.loss_aggregation),
-        "epsilon": algorithm.clip_low,
-        "epsilon_high": algorithm.clip_low if algorithm.clip_high is None else algorithm.clip_high,
-        "delta": algorithm.dual_clip,
-        "scale_rewards": {"grpo": "group", "dr_grpo": "none"}.get(algorithm.advantage_estimator),
-    }
-    for name, value in expected.items():
-        if getattr(args, name) != _default(name) and getattr(args, name) != value:
-            return (
-                f"GRPOConfig.{name}={getattr(args, name)!r} disagrees with the algorithm (which gives {value!r}); "
-                "set the loss through `algorithm` and its fields (e.g. clip_high=0.28), not GRPOConfig"
-            )
-    refused = {
-        "beta": "Policy-KL needs a reference model, which ERPOTrainer does not load: set beta=0",
-        "importance_sampling_level": "rl_loss is token-level: leave it at 'token'",
-        "top_entropy_quantile": "rl_loss has no entropy mask: leave it at 1.0",
-        "entropy_coef": "rl_loss has no entropy bonus: leave it at 0.0",
-        "use_adaptive_entropy": "rl_loss has no entropy bonus: leave it off",
-        "off_policy_mask_threshold": "rl_loss has no off-policy mask: leave it unset",
-        "multi_objective_aggregation": "advantages come from the summed rewards: leave it at 'sum_then_normalize'",
-    }
-    for name, reason in refused.items():
-        if getattr(args, name) != _default(name):
-            return f"GRPOConfig.{name}={getattr(args, name)!r} is not supported ({reason})"
-    if args.temperature != 1.0:
-        return (
-            f"GRPOConfig.temperature={args.temperature} is not supported: TRL's fused LM head scores the prompt "
-            "and the completion at one temperature, and Query-KL needs the prompt at T = 1"
-        )
-    if args.use_vllm and args.vllm_mode == "server":
-        return "GRPOConfig.vllm_mode='server' is not supported yet (colocate is)"
-    if args.steps_per_generation != args.gradient_accumulation_steps:
-        return "GRPOConfig.steps_per_generation must equal gradient_accumulation_steps (one optimizer step per batch)"
-    if algorithm.policy_kl_coef:
-        return f"algorithm policy_kl_coef={algorithm.policy_kl_coef} needs a reference model: use GRPOTrainer(beta=…)"
-    if algorithm.loss_aggregation not in TRL_LOSS_TYPE:
-        return f"algorithm loss_aggregation={algorithm.loss_aggregation!r} has no TRL loss_type"
-    if algorithm.query_weight_source == "current" and args.num_iterations > 1:
-        return "GRPOConfig.num_iterations > 1 with query_weight_source 'current' (w(q) is formed once per batch)"
-    return None
 
 
 _NO_SAMPLING_LOGPROBS = (
@@ -143,46 +89,6 @@ def _dataset_prompts(trainer: GRPOTrainer) -> tuple[list, int]:
     return [prompt for dataset in prompts for prompt in dataset], len(prompts[0])
 
 
-def _algorithm(algorithm: str | Algorithm, overrides: dict) -> Algorithm:
-    """The preset (or `Algorithm`) with `overrides`; a bad value is refused naming ERPOTrainer's own argument (the
-    algorithm module's messages name the `erpo fit` config fields, `model.<field>`)."""
-    try:
-        if isinstance(algorithm, Algorithm):
-            return replace(algorithm, **overrides)
-        return resolve_algorithm(algorithm, **overrides)
-    except ValueError as error:
-        raise ValueError(f"ERPOTrainer: {str(error).replace('model.', '')}") from None
-
-
-def _trl_rollout_correction(args: GRPOConfig, algorithm: Algorithm) -> Algorithm:
-    """`algorithm` with TRL's vLLM importance-sampling correction as its `rollout_correction` fields.
-
-    TRL applies `vllm_importance_sampling_correction` only with `use_vllm`; then its mode gives the correction and
-    its level (`TRL_IS_MODES`), `vllm_importance_sampling_clip_max` the cap (None: inf) and `..._clip_min` the
-    floor: TRL's weights (ours clamp log ρ at ±RATIO_LOG_CLAMP first, which only an infinite cap can see).
-    Otherwise `algorithm` is returned as is. ValueError when the algorithm sets a correction too (one place sets
-    it), or for a mode TRL 1.16 does not have.
-    """
-    if not (args.use_vllm and args.vllm_importance_sampling_correction):
-        return algorithm
-    if algorithm.rollout_correction != "none":
-        raise ValueError(
-            f"rollout_correction={algorithm.rollout_correction!r} and GRPOConfig.vllm_importance_sampling_correction="
-            "True both set the mismatch correction: set vllm_importance_sampling_correction=False, or leave "
-            "rollout_correction unset"
-        )
-    mode = args.vllm_importance_sampling_mode
-    if mode not in TRL_IS_MODES:
-        raise ValueError(f"GRPOConfig.vllm_importance_sampling_mode={mode!r} is not one of {', '.join(TRL_IS_MODES)}")
-    correction, level = TRL_IS_MODES[mode]
-    cap = args.vllm_importance_sampling_clip_max
-    return replace(
-        algorithm, rollout_correction=correction, rollout_correction_level=level,
-        rollout_correction_cap=math.inf if cap is None else cap,
-        rollout_correction_floor=args.vllm_importance_sampling_clip_min,
-    )  # fmt: skip
-
-
 class ERPOTrainer(GRPOTrainer):
     """TRL's `GRPOTrainer` trained with ERPO (or any `Algorithm` without Policy-KL): `objectives.rl_loss` on the
     rows TRL generates, Query-KL against cached θ0 scores, w(q) per query; no reference model.
@@ -197,7 +103,7 @@ class ERPOTrainer(GRPOTrainer):
             compute dtype's noise floor (docs/erpo.md, "Query-KL at θ0").
         **fields: single `Algorithm` fields overriding the preset (e.g. `query_kl_coef=0.05`).
     GRPOConfig's `vllm_importance_sampling_correction` (TRL's default, with vLLM) sets the algorithm's
-    `rollout_correction` fields from its mode and clip bounds (`_trl_rollout_correction`).
+    `rollout_correction` fields from its mode and clip bounds (`trl_config.trl_rollout_correction`).
     The loss side (loss_type, clip range, advantages) follows the algorithm; a GRPOConfig loss field set to
     something else is refused, as is every setting rl_loss cannot reproduce (one line naming it). An empty dataset
     is refused before TRL builds anything; empty prompts and chat prompts without a chat template before θ0
@@ -214,14 +120,14 @@ class ERPOTrainer(GRPOTrainer):
         **kwargs,
     ):
         overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in ALGORITHM_FIELDS}
-        algorithm = _algorithm(algorithm, overrides)
+        algorithm = trainer_algorithm(algorithm, overrides)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         if config is not None:
             try:
-                algorithm = _trl_rollout_correction(config, algorithm)
+                algorithm = trl_rollout_correction(config, algorithm)
             except ValueError as error:
                 raise ValueError(f"ERPOTrainer: {str(error).replace('model.', '')}") from None
-        problem = _unsupported(config, algorithm) if config is not None else None  # before TRL builds anything
+        problem = config_problem(config, algorithm) if config is not None else None  # before TRL builds anything
         problem = problem or empty_dataset_problem(
             kwargs.get("train_dataset", args[3] if len(args) > 3 else None),
             kwargs.get("eval_dataset", args[4] if len(args) > 4 else None),
@@ -232,7 +138,7 @@ class ERPOTrainer(GRPOTrainer):
             problem = peft_config_problem(peft_config, kwargs.get("model", args[0] if args else None), remote)
         if problem is None:
             super().__init__(*args, **kwargs)
-            problem = _unsupported(self.args, algorithm) or _unsupported_inputs(self, algorithm)
+            problem = config_problem(self.args, algorithm) or _unsupported_inputs(self, algorithm)
         if problem is not None:
             raise ValueError(f"ERPOTrainer: {problem}")
         if query_kl_scoring not in ("exact", "shared_forward"):
@@ -245,7 +151,9 @@ class ERPOTrainer(GRPOTrainer):
             tolerance = 0.0 if query_kl_scoring == "exact" else obj.query_kl_tolerance_for(self._compute_dtype())
             algorithm = replace(algorithm, query_kl_tolerance=tolerance)
         self.algorithm = algorithm
-        if self.args.weight_decay == _default("weight_decay"):  # an optimizer default of the preset (erpo_released)
+        if self.args.weight_decay == config_default(
+            "weight_decay"
+        ):  # an optimizer default of the preset (erpo_released)
             self.args.weight_decay = algorithm.weight_decay
         prompts, num_train = _dataset_prompts(self)
         prompt_ids = _prompt_ids(self, prompts)

@@ -52,7 +52,8 @@ def make_trainer(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from erpo_lightning.integrations.trl import ALGORITHM_FIELDS, ERPOTrainer
+    from erpo_lightning.integrations.trl import ERPOTrainer
+    from erpo_lightning.integrations.trl_config import ALGORITHM_FIELDS
 
     erpo_settings = {
         k: settings.pop(k) for k in list(settings) if k in ALGORITHM_FIELDS or k in ("algorithm", "query_kl_scoring")
