@@ -163,8 +163,10 @@ def gather_token_logprobs(
     *,
     chunk_elements: int = CHUNK_ELEMENTS,
     gradient_into_logits: bool = False,
+    output_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-prob of each next token under `softmax(logits / temperature)`, differentiable, in chunks of positions.
+    With `output_weight` [V, H], `logits` are the last hidden states [N, L, H] (`_ChunkedTokenLogprobs`).
 
     Memory beyond `logits` itself: about `chunk_elements` float32 values at a time, plus (in backward) a gradient
     in the dtype of `logits`, written into the logits' own buffer with `gradient_into_logits` (for a caller whose
@@ -178,7 +180,7 @@ def gather_token_logprobs(
         [N, L] float32 where column t holds log p(input_ids[:, t] | input_ids[:, :t]); column 0 (no context) is 0.
     """
     scale = torch.full((logits.shape[1],), 1.0 / temperature, device=logits.device)
-    return _next_token_logprobs(logits, input_ids, scale, False, chunk_elements, gradient_into_logits)[0]
+    return _next_token_logprobs(logits, input_ids, scale, False, chunk_elements, gradient_into_logits, output_weight)[0]
 
 
 def prompt_response_token_logprobs(

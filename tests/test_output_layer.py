@@ -4,15 +4,15 @@ kept, the model's output layer is put back, and models it cannot fuse are refuse
 
 import pytest
 import torch
-from helpers.module_steps import PROMPTS
+from helpers.module_steps import PROMPTS, ReferenceLogprobs, fit_one_batch, make_module, rollout_batch
 from helpers.step_runs import LayoutScores, prepared, step
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from erpo_lightning.algorithms import resolve_algorithm
-from erpo_lightning.logprobs import prompt_response_logprobs_and_entropy
+from erpo_lightning.logprobs import prompt_response_logprobs_and_entropy, response_logprobs
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
 from erpo_lightning.modules.settings import check_module_settings
-from erpo_lightning.output_layer import causal_lm_hidden, fused_output_problem
+from erpo_lightning.output_layer import causal_lm_hidden, fused_output_problem, response_logprobs_of
 from erpo_lightning.tiny_qwen2 import load_tiny_model
 from erpo_lightning.update.step import full_logits_forward, response_logits_forward, rollout_loss_rows
 
@@ -188,3 +188,34 @@ def test_models_it_cannot_fuse_are_named(tiny_model, tmp_path):
     with pytest.raises(ValueError, match=r"model.fused_output_layer cannot be used with .*gpt2.*model type 'gpt2'"):
         check_module_settings({"fused_output_layer": True, "model_path": str(tmp_path / "gpt2")})
     check_module_settings({"fused_output_layer": False, "model_path": str(tmp_path / "gpt2")})
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_forwards_without_gradient_are_fused_too(tiny_model_path, tied):
+    """The old-policy recompute and the Policy-KL reference forward (`response_logprobs_of`): equal to the logits'
+    response log-probs."""
+    model = load_tiny_model(tiny_model_path) if tied else untied_qwen2()
+    batch = rollout_batch(model)
+    args = (model, batch.input_ids, batch.attention_mask, batch.prompt_length, 0.7)
+    with torch.no_grad():
+        expected = response_logprobs(*args)
+        fused = response_logprobs_of(*args, fused_output=True)
+    mask = batch.response_mask.bool()
+    assert torch.equal(response_logprobs_of(*args), expected) and mask.any()
+    torch.testing.assert_close(fused[mask], expected[mask], rtol=1e-5, atol=1e-6)
+
+
+def test_a_fused_run_with_policy_kl_and_two_updates_per_batch_matches_the_unfused_one(tiny_model_path, tiny_model):
+    """Through Lightning, with the reference model's forward (grpo_kl) and the old-policy recompute (two optimizer
+    steps per batch, the second off-policy): the fused and unfused runs log the same loss, Policy-KL and ratio."""
+    reference = ReferenceLogprobs(tiny_model, PROMPTS)
+    batch = rollout_batch(tiny_model)
+    metrics = []
+    for fused in (False, True):
+        module = make_module(
+            tiny_model_path, reference, algorithm="grpo_kl", update_batch_size=1, fused_output_layer=fused
+        )
+        metrics.append(fit_one_batch(module, batch, steps=2).callback_metrics)
+    for name in ("train/loss", "train/policy_kl", "train/ratio_mean", "train/entropy"):
+        assert metrics[1][name].item() == pytest.approx(metrics[0][name].item(), rel=1e-4, abs=1e-6), name
+    assert metrics[0]["train/policy_kl"].item() > 0  # the second update is off θ0: Policy-KL was computed

@@ -24,7 +24,6 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
 from erpo_lightning.data.cache_build import policy_compute_dtype
 from erpo_lightning.data.datamodule import QueryDataModule
-from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
@@ -45,7 +44,7 @@ from erpo_lightning.modules.step_metrics import (
     update_micro_metrics,
     update_query_metrics,
 )
-from erpo_lightning.output_layer import fused_output_problem
+from erpo_lightning.output_layer import fused_output_problem, response_logprobs_of
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.update import (
@@ -97,10 +96,11 @@ class ERPOModule(L.LightningModule):
             (a step already taken cannot be dropped), and no checkpoint with non-finite weights is written.
         dtype: `float32` | `bfloat16` for the policy weights; `float16` is refused (`modules/settings.py`).
         gradient_checkpointing: recompute each decoder layer's activations in backward (activation checkpointing).
-        fused_output_layer: the step's forward stops at the last hidden states and the output layer runs inside the
-            log-prob code, a chunk of positions at a time, so the [rows, positions, vocabulary] logits never exist:
-            less memory for one more output-layer matmul in backward (`output_layer.py`). Llama, Mistral, Qwen2 and
-            Qwen3 models, with a plain (not LoRA-adapted) output layer; others are refused.
+        fused_output_layer: the step's forwards (and the old-policy and reference ones) stop at the last hidden
+            states and the output layer runs inside the log-prob code, a chunk of positions at a time, so the
+            [rows, positions, vocabulary] logits never exist: less memory for one more output-layer matmul in
+            backward (`output_layer.py`). Llama, Mistral, Qwen2 and Qwen3 models, with a plain (not LoRA-adapted)
+            output layer; others are refused.
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
             None = compute in `dtype`. Ignored without FSDP2.
@@ -289,9 +289,10 @@ class ERPOModule(L.LightningModule):
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
         old = torch.zeros_like(batch.sampling_logprobs)
         for micro, rows in self._micro_batches(batch):  # rows sorted by length, not in order; None: a filler
-            response = response_logprobs(
-                self.policy, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature
-            )
+            response = response_logprobs_of(
+                self.policy, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature,
+                fused_output=self.hparams.fused_output_layer,
+            )  # fmt: skip
             if rows is not None:
                 old[rows, : response.shape[1]] = response
         return old

@@ -21,10 +21,9 @@ from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.logprobs import (
     causal_lm_logits,
     prompt_response_logprobs_and_entropy,
-    response_logprobs,
     response_window_logits,
 )
-from erpo_lightning.output_layer import causal_lm_hidden
+from erpo_lightning.output_layer import causal_lm_hidden, response_logprobs_of
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.update.shared_prompt import prompt_pass
@@ -191,9 +190,10 @@ def micro_batch_loss(
     ref_response = None
     if reference_policy is not None:
         with torch.no_grad():
-            ref_response = response_logprobs(
-                reference_policy, rows.input_ids, rows.attention_mask, prompt_length, rows.temperature
-            )
+            ref_response = response_logprobs_of(
+                reference_policy, rows.input_ids, rows.attention_mask, prompt_length, rows.temperature,
+                fused_output=fused_output,
+            )  # fmt: skip
     reference = rows.reference_query_logprobs
     loss, stats = obj.rl_loss(
         algorithm, response_lp, old, rows.advantages, rows.response_mask,
