@@ -67,7 +67,7 @@ class Regime:
 
 # The pilot's regimes, in the order it tries them (long_horizon_plan.md, "Pilot"), fixed before it runs.
 PILOT_REGIMES = (Regime(1e-4), Regime(2e-4), Regime(3e-4), Regime(1e-4, train_queries=32))
-REGIME: Regime | None = None  # the regime the pilot chose, written here with the plan's "Pilot result"
+REGIME: Regime | None = Regime(1e-4, train_queries=32)  # the pilot's choice (the plan's "Pilot result")
 LOWER_LR_FACTOR = 0.5  # the brake control's learning rate, as a share of the regime's (fixed in advance)
 MAIN_SEEDS = tuple(range(500, 508))
 

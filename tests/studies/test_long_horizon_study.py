@@ -108,11 +108,12 @@ def test_the_study_definition():
     assert "long_horizon" in LONG_HORIZON.report.name
 
 
-def test_no_main_run_before_the_pilot_chose_a_regime():
+def test_no_main_run_before_the_pilot_chose_a_regime(monkeypatch):
+    """The guard the main runs had before the pilot's result (REGIME None); the committed REGIME is the pilot's."""
     from studies.long_horizon import study
 
-    if study.REGIME is not None:
-        pytest.skip("the pilot chose a regime")
+    assert study.REGIME == study.PILOT_REGIMES[3]  # the pilot chose q32_lr0.0001_s1000 (long_horizon_plan.md)
+    monkeypatch.setattr(study, "REGIME", None)
     with pytest.raises(SystemExit, match="no long-horizon regime is chosen"):
         main(["--report-only"])
 
