@@ -53,7 +53,8 @@ def shard_causal_lm(model: torch.nn.Module, mesh: DeviceMesh, param_dtype: str |
     policy = mixed_precision_policy(param_dtype)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    # The root keeps its parameters gathered after forward: the LM head runs last, backward needs it first.
+    # The root keeps its parameters gathered after forward: the LM head runs last, backward needs it first, and the
+    # fused output layer (`output_layer.py`) reads the head's weight after the model's forward has returned.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     return model
 
