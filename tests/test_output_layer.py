@@ -219,3 +219,17 @@ def test_a_fused_run_with_policy_kl_and_two_updates_per_batch_matches_the_unfuse
     for name in ("train/loss", "train/policy_kl", "train/ratio_mean", "train/entropy"):
         assert metrics[1][name].item() == pytest.approx(metrics[0][name].item(), rel=1e-4, abs=1e-6), name
     assert metrics[0]["train/policy_kl"].item() > 0  # the second update is off θ0: Policy-KL was computed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_query_kl_at_theta0_stays_exactly_zero_with_the_fused_output_layer(tiny_model_path, dtype, share_prompt):
+    """The query pass keeps the cache's unfused forward: at θ0 every query token's log-ratio is exactly 0."""
+    model = load_tiny_model(tiny_model_path).to(dtype)
+    cache = LayoutScores(model, PROMPTS)
+    algorithm = resolve_algorithm("erpo", query_kl_tolerance=0.0)
+    batch = prepared(model, cache, algorithm, perturb=False)
+    _, stats = step(model, algorithm, batch, cache, 10_000, share_prompt, fused_output=True)
+    drift = stats.query_drift.query_loglik_change
+    assert drift.numel() == len(PROMPTS) and torch.equal(drift, torch.zeros_like(drift))
+    assert torch.equal(stats.loss, stats.pg_loss)
