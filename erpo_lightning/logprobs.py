@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from erpo_lightning.output_layer import output_layer_bypassed
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids [N, L] that start at 0 on each row's first real token (left padding aware).
@@ -264,6 +266,8 @@ def response_logprobs(
     attention_mask: torch.Tensor,
     prompt_length: int,
     temperature: float = 1.0,
+    *,
+    fused_output: bool = False,
 ) -> torch.Tensor:
     """Forward `model` over `[prompt; response]` rows and return the response tokens' log-probs only.
 
@@ -275,22 +279,46 @@ def response_logprobs(
         model: a causal LM; one whose `forward` has no `logits_to_keep` is scored over every position.
         input_ids, attention_mask: [N, P + R], prompts left-padded to width P, responses right-padded.
         prompt_length: P.
+        fused_output: the output layer runs inside the log-prob code (`response_window`).
     Returns:
         [N, R] float32 log p(response token | everything before it) at `temperature`; padding columns are junk.
     """
-    logits = response_window_logits(model, input_ids, attention_mask, prompt_length)
-    return gather_token_logprobs(logits, input_ids[:, prompt_length - 1 :], temperature)[:, 1:]
+    window, weight = response_window(model, input_ids, attention_mask, prompt_length, fused_output=fused_output)
+    return gather_token_logprobs(window, input_ids[:, prompt_length - 1 :], temperature, output_weight=weight)[:, 1:]
 
 
-def response_window_logits(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
-) -> torch.Tensor:
-    """[N, R + 1, V] logits at the positions that predict response tokens, from the last prompt token on, of a
-    forward over `[prompt; response]` rows ([N, P + R], prompts left-padded to P): the output layer runs on those
-    positions only (`logits_to_keep`), or, for a model without that argument, on all and the window is sliced."""
+def response_window(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    *,
+    fused_output: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`causal_lm_window` at the R + 1 positions that predict response tokens, from the last prompt token on, of a
+    forward over `[prompt; response]` rows ([N, P + R], prompts left-padded to P)."""
     keep = input_ids.shape[1] - prompt_length + 1
-    logits = causal_lm_logits(model, input_ids, attention_mask, logits_to_keep=keep)
-    return logits if logits.shape[1] == keep else logits[:, -keep:]
+    return causal_lm_window(model, input_ids, attention_mask, logits_to_keep=keep, fused_output=fused_output)
+
+
+def causal_lm_window(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    logits_to_keep: int = 0,
+    fused_output: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the log-prob code scores of `causal_lm_logits`'s forward, at its last K = `logits_to_keep` positions
+    (all L when 0): ([N, K, V] logits, None), or with `fused_output` ([N, K, H] the last hidden states there, [V, H]
+    the output layer's weight), the output layer then applied chunk by chunk (`_ChunkedTokenLogprobs`,
+    `output_layer.py`). The output layer runs on those positions only, or, for a model without `logits_to_keep`,
+    on all and the window is sliced."""
+    with output_layer_bypassed(model, fused_output) as head:
+        window = causal_lm_output(model, input_ids, attention_mask, logits_to_keep=logits_to_keep).logits
+    if logits_to_keep and window.shape[1] != logits_to_keep:
+        window = window[:, -logits_to_keep:]
+    return window, None if head is None else head.weight
 
 
 @torch.no_grad()

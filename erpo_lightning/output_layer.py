@@ -20,8 +20,6 @@ from contextlib import contextmanager
 
 import torch
 
-from erpo_lightning.logprobs import causal_lm_output, gather_token_logprobs, response_logprobs
-
 # Model types whose causal-LM forward computes `logits = lm_head(last hidden states)` and nothing more.
 FUSABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -43,44 +41,17 @@ def fused_output_problem(model: torch.nn.Module) -> str | None:
 
 
 @contextmanager
-def output_layer_bypassed(model: torch.nn.Module) -> Iterator[torch.nn.Linear]:
+def output_layer_bypassed(model: torch.nn.Module, active: bool = True) -> Iterator[torch.nn.Linear | None]:
     """While inside, `model`'s forward returns its last hidden states [N, K, H] as `.logits` (K: the positions it
     would have made logits for); yields the output layer, whose weight [V, H] keeps its autograd identity (a tied
-    weight stays tied). Only for a model `fused_output_problem` accepts."""
+    weight stays tied). Only for a model `fused_output_problem` accepts. With `active` false, nothing is swapped and
+    None is yielded, so one `with` serves the fused and the plain forward."""
+    if not active:
+        yield None
+        return
     head = model.get_output_embeddings()
     model.set_output_embeddings(torch.nn.Identity())
     try:
         yield head
     finally:
         model.set_output_embeddings(head)
-
-
-def causal_lm_hidden(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, logits_to_keep: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logprobs.causal_lm_logits`'s forward, stopped before the output layer: ([N, K, H] last hidden states at the
-    positions it makes logits for (all L, or the last `logits_to_keep`), [V, H] the output layer's weight)."""
-    with output_layer_bypassed(model) as head:
-        hidden = causal_lm_output(model, input_ids, attention_mask, logits_to_keep=logits_to_keep).logits
-    return hidden, head.weight
-
-
-def response_logprobs_of(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_length: int,
-    temperature: float = 1.0,
-    *,
-    fused_output: bool = False,
-) -> torch.Tensor:
-    """`logprobs.response_logprobs` ([N, R] float32 log-probs of the response tokens at `temperature`, from a
-    forward over [N, P + R] rows), with the output layer fused into the log-probs if `fused_output`: what the
-    old-policy recompute and the Policy-KL reference forward run, so that with `model.fused_output_layer` no forward
-    of the step makes the logits, with gradient or without."""
-    if not fused_output:
-        return response_logprobs(model, input_ids, attention_mask, prompt_length, temperature)
-    keep = input_ids.shape[1] - prompt_length + 1
-    hidden, weight = causal_lm_hidden(model, input_ids, attention_mask, logits_to_keep=keep)
-    window = input_ids[:, prompt_length - 1 :]
-    return gather_token_logprobs(hidden, window, temperature, output_weight=weight)[:, 1:]

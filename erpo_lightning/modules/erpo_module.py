@@ -24,6 +24,7 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
 from erpo_lightning.data.cache_build import policy_compute_dtype
 from erpo_lightning.data.datamodule import QueryDataModule
+from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
@@ -44,7 +45,7 @@ from erpo_lightning.modules.step_metrics import (
     update_micro_metrics,
     update_query_metrics,
 )
-from erpo_lightning.output_layer import fused_output_problem, response_logprobs_of
+from erpo_lightning.output_layer import fused_output_problem
 from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.update import (
@@ -289,7 +290,7 @@ class ERPOModule(L.LightningModule):
         """Response log-probs of the current policy before any update on this batch: [N, R]."""
         old = torch.zeros_like(batch.sampling_logprobs)
         for micro, rows in self._micro_batches(batch):  # rows sorted by length, not in order; None: a filler
-            response = response_logprobs_of(
+            response = response_logprobs(
                 self.policy, micro.input_ids, micro.attention_mask, micro.prompt_length, micro.temperature,
                 fused_output=self.hparams.fused_output_layer,
             )  # fmt: skip

@@ -109,12 +109,9 @@ class PromptPass:
             "past_key_values": cache,
             "use_cache": True,
         }
-        weight = None
-        if self.fused_output:
-            with output_layer_bypassed(policy) as head:
-                window, weight = policy(**inputs).logits, head.weight
-        else:
+        with output_layer_bypassed(policy, self.fused_output) as head:
             window = policy(**inputs).logits
+        weight = None if head is None else head.weight
         # Position j of the response forward predicts response token j + 1; column 0 is scored below.
         rest, rest_entropy = prompt_response_logprobs_and_entropy(
             window, response_ids, 1, temperature, gradient_into_logits=True, output_weight=weight

@@ -19,11 +19,11 @@ import torch
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.logprobs import (
-    causal_lm_logits,
+    causal_lm_window,
     prompt_response_logprobs_and_entropy,
-    response_window_logits,
+    response_logprobs,
+    response_window,
 )
-from erpo_lightning.output_layer import causal_lm_hidden, response_logprobs_of
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.update.shared_prompt import prompt_pass
@@ -93,10 +93,7 @@ def full_logits_forward(
     position, then log-probs and entropy from them. The logits live only here, so backward writes their gradient
     into their own buffer (`gradient_into_logits`), as in `response_logits_forward`. `fused_output`: the output
     layer runs chunk by chunk inside the log-prob code, so the logits never exist (`output_layer.py`)."""
-    if fused_output:
-        window, weight = causal_lm_hidden(policy, rows.input_ids, rows.attention_mask)
-    else:
-        window, weight = causal_lm_logits(policy, rows.input_ids, rows.attention_mask), None
+    window, weight = causal_lm_window(policy, rows.input_ids, rows.attention_mask, fused_output=fused_output)
     return prompt_response_logprobs_and_entropy(
         window, rows.input_ids, rows.prompt_length, rows.temperature, gradient_into_logits=True, output_weight=weight
     )
@@ -110,11 +107,9 @@ def response_logits_forward(
     not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0. `fused_output` as in
     `full_logits_forward`."""
     prompt_length = rows.prompt_length
-    if fused_output:
-        keep = rows.input_ids.shape[1] - prompt_length + 1
-        window, weight = causal_lm_hidden(policy, rows.input_ids, rows.attention_mask, logits_to_keep=keep)
-    else:
-        window, weight = response_window_logits(policy, rows.input_ids, rows.attention_mask, prompt_length), None
+    window, weight = response_window(
+        policy, rows.input_ids, rows.attention_mask, prompt_length, fused_output=fused_output
+    )
     # Column 0 of the kept window is the last prompt token, unscored; columns 1.. are the response at T.
     logprobs, entropy = prompt_response_logprobs_and_entropy(
         window, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, gradient_into_logits=True,
@@ -190,7 +185,7 @@ def micro_batch_loss(
     ref_response = None
     if reference_policy is not None:
         with torch.no_grad():
-            ref_response = response_logprobs_of(
+            ref_response = response_logprobs(
                 reference_policy, rows.input_ids, rows.attention_mask, prompt_length, rows.temperature,
                 fused_output=fused_output,
             )  # fmt: skip
