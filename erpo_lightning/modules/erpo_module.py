@@ -218,7 +218,9 @@ class ERPOModule(L.LightningModule):
                 self.policy.enable_input_require_grads()
         self.policy.config.use_cache = False
         if self.hparams.fused_output_layer and (problem := fused_output_problem(self.policy)) is not None:
-            raise ValueError(f"model.fused_output_layer cannot be used with {self.hparams.model_path}: {problem}")
+            raise ValueError(
+                f"model.fused_output_layer cannot be used with {self.hparams.model_path}: {problem}; set it to false"
+            )
         if self.algorithm.policy_kl_coef > 0 or self.hparams.monitor_policy_kl:
             self.reference_policy = self._load_causal_lm().eval().requires_grad_(False)
         if self.device_mesh is not None:  # set by ModelParallelStrategy only
