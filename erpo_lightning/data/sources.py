@@ -10,8 +10,6 @@ duplicate id; no value in a named column) is an error naming the file, row (and 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import keyword
 import re
 from collections import Counter
@@ -22,7 +20,7 @@ from typing import Any
 import datasets
 
 from erpo_lightning.data.files import DataError, RawRow, Table, read_local_file
-from erpo_lightning.rewards.normalize import shows_nothing, strip_invisible
+from erpo_lightning.data.rows import check_columns, row_issue
 from erpo_lightning.rewards.protocol import RESERVED_NAMES
 
 LOCAL_FORMATS = (".csv", ".json", ".jsonl", ".parquet")  # `.json`: one JSON array, or JSON Lines
@@ -275,149 +273,6 @@ def _load_hub(spec: SourceSpec) -> datasets.Dataset:
         ) from error
 
 
-def _answer_text(value: object, transform: str | None) -> str | None:
-    """The gold answer as text, or None when it is not usable. Numbers are written as text, lists need `first`."""
-    if transform == "first" and isinstance(value, list):
-        value = value[0] if value else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        return None
-    if transform == "after_hash":
-        value = value.rsplit("####", 1)[-1] if "####" in value else ""
-    return value.strip() or None
-
-
-def unmatchable_answer(answer: str) -> str | None:
-    """Why the gold `answer` can never be matched, or None when it can.
-
-    The grader compares the gold with a response's final answer, which comes from a brace-balanced `\\boxed{...}`:
-    a gold with an unclosed `{` or a stray `}` (e.g. an unterminated `\\boxed{`) equals no such answer, nor does an
-    empty `\\boxed{}`, nor a gold that shows nothing once the grader has removed invisible characters, math
-    delimiters and empty markup (`\\u200b`, `$$`, `\\text{}`). Escaped braces `\\{`, `\\}` are text, not groups.
-    """
-    open_at: list[int] = []
-    position = 0
-    while position < len(answer):
-        char = answer[position]
-        if char == "\\":
-            position += 2  # an escaped character (`\\{`, `\\}`, `\\\\`) or the first letter of a command
-            continue
-        if char == "{":
-            open_at.append(position)
-        elif char == "}":
-            if not open_at:
-                return f"the '}}' at character {position + 1} closes no '{{'"
-            open_at.pop()
-        position += 1
-    if open_at:
-        return f"the '{{' at character {open_at[-1] + 1} is never closed"
-    if re.search(r"\\(?:boxed|fbox)\s*\{\s*\}", answer):
-        return "its \\boxed{} is empty"
-    if shows_nothing(answer):
-        return "it shows nothing (only invisible characters, math delimiters or empty markup)"
-    return None
-
-
-def _check_columns(columns: list[str], spec: SourceSpec, where: str) -> tuple[str, str, str | None]:
-    problem_field, answer_field = spec.problem_field or "problem", spec.answer_field
-    id_field = spec.id_field if spec.id_field is not None else ("id" if "id" in columns else None)
-    if not columns:  # no row could be read: each one is reported on its own
-        return problem_field, answer_field, id_field
-    for key, column in (("problem_field", problem_field), ("answer_field", answer_field), ("id_field", id_field)):
-        if column is not None and column not in columns:
-            raise DataError(f"{where}: no column {column!r} ({key}); its columns are {columns}. Set {key}.")
-    for column in spec.columns or ():
-        if column not in columns:
-            raise DataError(f"{where}: no column {column!r} (named in columns); its columns are {columns}")
-    return problem_field, answer_field, id_field
-
-
-def _carried(row: RawRow, columns: list[str] | None) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
-    """The values of the named `columns` in `row`, and the issue of the first one it has no value in (or None)."""
-    values = {}
-    for column in columns or ():
-        value = row.values.get(column)
-        if value is None:
-            return {}, (column, "missing column", f"no value in column {column!r} (named in columns)")
-        values[column] = value
-    return values, None
-
-
-CHAT_ROLES = ("system", "user", "assistant", "tool")
-
-
-def conversation_issue(turns: list) -> str | None:
-    """Why a conversational cell (a list of {role, content} turns) cannot be a prompt, or None when it can: every
-    turn must be a mapping with a known `role` and a text `content`, and the last must be the user's (the policy
-    answers it)."""
-    if not turns:
-        return "the conversation has no turns"
-    for number, turn in enumerate(turns, start=1):
-        if not isinstance(turn, dict) or not isinstance(turn.get("role"), str) or "content" not in turn:
-            return f"turn {number} is {turn!r:.60}, not a {{role, content}} mapping"
-        if turn["role"] not in CHAT_ROLES:
-            return f"turn {number} has role {turn['role']!r:.30}; roles are {', '.join(CHAT_ROLES)}"
-        if not isinstance(turn["content"], str):
-            return f"turn {number} has content {turn['content']!r:.40}, not text"
-    if turns[-1]["role"] != "user":
-        return f"the last turn is the {turns[-1]['role']}'s; a prompt ends with a user turn"
-    return None
-
-
-def _problem_of(value: object) -> tuple[str | None, tuple[dict, ...] | None, str | None]:
-    """(problem text, conversation turns or None, why the cell is unusable or None) of a problem cell: a text, or a
-    list of turns whose last (user) turn is the problem text."""
-    messages = None
-    if isinstance(value, list):
-        why = conversation_issue(value)
-        if why is not None:
-            return None, None, why
-        messages = tuple({"role": turn["role"], "content": turn["content"]} for turn in value)
-        value = messages[-1]["content"]
-    if not isinstance(value, str) or not strip_invisible(value).strip():
-        return None, None, f"problem is {value!r:.60} (empty, only invisible characters, or not text)"
-    return value, messages, None
-
-
-def _gold_issue(raw_answer: object, spec: SourceSpec, answer_field: str | None):
-    """(gold answer text, None), or (None, None) for a source without golds, or (None, issue) for an unusable one."""
-    if answer_field is None:
-        return None, None
-    answer = _answer_text(raw_answer, spec.answer_transform)
-    if answer is None:
-        return None, (answer_field, "bad answer", f"answer is {raw_answer!r:.60} (missing, empty or not text)")
-    why = unmatchable_answer(answer)
-    if why is not None:
-        return None, (answer_field, "unmatchable answer", f"answer {answer!r:.60} can never be matched: {why}")
-    return answer, None
-
-
-def _row_issue(row: RawRow, fields_: tuple[str, str | None, str | None], spec: SourceSpec, label: str, seen: dict):
-    """((id, problem, answer, carried columns, messages), None) for a usable row, else (None, (field, reason counted
-    in the summary, detail))."""
-    if row.error is not None:
-        return None, row.error
-    problem_field, answer_field, id_field = fields_
-    problem, messages, why = _problem_of(row.values.get(problem_field))
-    if why is not None:
-        return None, (problem_field, "bad problem", why)
-    answer, issue = _gold_issue(row.values.get(answer_field) if answer_field else None, spec, answer_field)
-    if issue is not None:
-        return None, issue
-    hashed = problem if messages is None else json.dumps(messages, ensure_ascii=False, sort_keys=True)
-    raw_id = row.values.get(id_field) if id_field else hashlib.sha256(hashed.encode()).hexdigest()[:16]
-    if raw_id is None or str(raw_id).strip() == "":
-        return None, (id_field, "bad id", f"id is {raw_id!r}")
-    query_id = f"{label}/{raw_id}"
-    if query_id in seen:
-        same = "same id" if id_field else "same problem text"
-        detail = f"duplicate id {query_id!r} ({same} as row {seen[query_id]})"
-        return None, (id_field or problem_field, "duplicate id", detail)
-    carried, issue = _carried(row, spec.columns)
-    return (None, issue) if issue is not None else ((query_id, problem, answer, carried, messages), None)
-
-
 def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[list[Query], Counter]:
     """Read and validate one source.
 
@@ -429,7 +284,7 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     spec = resolve_spec(spec)
     where = describe(spec)
     table = read_rows(spec)
-    fields_ = _check_columns(table.columns, spec, where)
+    fields_ = check_columns(table.columns, spec, where)
     label = spec.label or spec.name or (Path(spec.path).stem if spec.path else spec.hub_id) or "dataset"
 
     queries: list[Query] = []
@@ -437,7 +292,7 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     skipped: Counter = Counter()
     first_row_of: dict[str, int] = {}
     for row in table.rows:
-        found, issue = _row_issue(row, fields_, spec, label, first_row_of)
+        found, issue = row_issue(row, fields_, spec, label, first_row_of)
         if issue is not None:
             field_name = f", field {issue[0]!r}" if issue[0] is not None else ""
             problems.append(f"{where} {row.position}{field_name}: {issue[2]}")

@@ -27,26 +27,15 @@ from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant
+from erpo_lightning.modules.checkpoint_state import load_module_state, save_module_state
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
-from erpo_lightning.modules.lora_files import (
-    check_adapters_base,
-    fill_frozen_weights,
-    keep_adapters_only,
-    load_adapter_weights,
-    trainable_state_names,
-)
+from erpo_lightning.modules.lora_files import load_adapter_weights
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
 from erpo_lightning.modules.settings import Dtype, QueryKLScoring, check_module_settings, check_trainer_precision
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
-from erpo_lightning.modules.step_metrics import (
-    build_train_metrics,
-    compute_and_reset,
-    update_micro_metrics,
-    update_query_metrics,
-)
+from erpo_lightning.modules.step_metrics import build_train_metrics, compute_and_reset, update_step_metrics
 from erpo_lightning.output_layer import fused_output_problem
-from erpo_lightning.rng import rng_state, set_rng_state
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.update import (
     LossRows,
@@ -246,37 +235,12 @@ class ERPOModule(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Add the module's counters and RNG states; refuse (ValueError) to save non-finite policy weights. With
-        `model.peft.checkpoint: adapters`, keep the adapters' weights alone (`lora_files.keep_adapters_only`)."""
-        if self.lora is not None and self.lora.checkpoint == "adapters":
-            keep_adapters_only(checkpoint, trainable_state_names(self), self.hparams.model_path)
-        for name, tensor in checkpoint.get("state_dict", {}).items():
-            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor shard under FSDP2
-            if torch.is_floating_point(local) and not torch.isfinite(local).all():
-                raise ValueError(f"refusing to write a checkpoint whose weight {name} is not finite (NaN/inf)")
-        checkpoint["erpo"] = {
-            "policy_version": self.policy_version,
-            "zero_signal_skips": self.zero_signal_skips,
-            "skipped_steps": self.guard.skipped_steps,
-            "consecutive_skips": self.guard.consecutive_skips,
-            # Unseeded rollouts and any other sampling draw from these: a resumed run continues their streams.
-            "rng": rng_state(),
-        }
+        """Add the module's counters and RNG states; refuse to save non-finite weights (`checkpoint_state.py`)."""
+        save_module_state(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Restore the module's counters and RNG states. An adapters-only checkpoint is checked against the base
-        model just loaded from `model_path` (same weight files) and completed with its frozen weights, which the
-        strict load then leaves as they are."""
-        where = str(self.trainer.ckpt_path) if self._trainer is not None else "the checkpoint"
-        if check_adapters_base(checkpoint, self.hparams.model_path, where):
-            fill_frozen_weights(checkpoint["state_dict"], self.state_dict(), trainable_state_names(self))
-        state = checkpoint.get("erpo", {})
-        self.policy_version = state.get("policy_version", 0)
-        self.zero_signal_skips = state.get("zero_signal_skips", 0)
-        self.guard.skipped_steps = state.get("skipped_steps", 0)
-        self.guard.consecutive_skips = state.get("consecutive_skips", 0)
-        if "rng" in state:
-            set_rng_state(state["rng"])
+        """Restore the counters and RNG states; complete an adapters-only checkpoint (`checkpoint_state.py`)."""
+        load_module_state(self, checkpoint)
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(
@@ -365,13 +329,7 @@ class ERPOModule(L.LightningModule):
             grad_norm = clip_grad_norm(grads, self.hparams.gradient_clip_norm)
             finite = self.guard.finite("gradient norm", grad_norm, where)
         if finite:
-            self.train_metrics["loss"].update(step_loss)
-            self.train_metrics["pg_loss"].update(step_pg_loss)
-            self.train_metrics["grad_norm"].update(grad_norm)
-            for rows, stats in step.micro:
-                update_micro_metrics(self.train_metrics, rows, stats)
-            if step.query_drift is not None:
-                update_query_metrics(self.train_metrics, step.query_drift)
+            update_step_metrics(self.train_metrics, step_loss, step_pg_loss, grad_norm, step)
         if finite and self.hparams.skip_zero_signal_steps and grad_norm == 0:
             self._skip_zero_signal_step()
         elif finite:

@@ -7,7 +7,7 @@ from torchmetrics import MaxMetric, MinMetric
 
 from erpo_lightning.objectives import LossStats, QueryDrift
 from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
-from erpo_lightning.update import LossRows
+from erpo_lightning.update import LossRows, StepStats
 
 TRAIN_METRICS = (
     "loss", "pg_loss", "query_kl", "query_kl_token_k3", "policy_kl", "entropy", "clip_frac_low", "clip_frac_high",
@@ -27,6 +27,24 @@ def build_train_metrics() -> torch.nn.ModuleDict:
         "rollout_is_ratio_min": MinMetric(), "rollout_is_ratio_max": MaxMetric(),
     })  # fmt: skip
     return metrics
+
+
+def update_step_metrics(
+    metrics: torch.nn.ModuleDict,
+    loss: torch.Tensor,
+    pg_loss: torch.Tensor,
+    grad_norm: torch.Tensor,
+    step: StepStats,
+) -> None:
+    """Add one finite optimizer step: its loss, policy-gradient term and gradient norm (0-dim, the whole step's,
+    equal on every rank), each micro-batch's `LossStats` and the exact pass's query drift."""
+    metrics["loss"].update(loss)
+    metrics["pg_loss"].update(pg_loss)
+    metrics["grad_norm"].update(grad_norm)
+    for rows, stats in step.micro:
+        update_micro_metrics(metrics, rows, stats)
+    if step.query_drift is not None:
+        update_query_metrics(metrics, step.query_drift)
 
 
 def update_query_metrics(metrics: torch.nn.ModuleDict, drift: QueryDrift) -> None:

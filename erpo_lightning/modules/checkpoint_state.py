@@ -1,0 +1,58 @@
+"""What an ERPOModule checkpoint holds beyond the weights, and what it refuses to hold.
+
+`save_module_state` runs in `on_save_checkpoint`: it keeps only the LoRA adapters' weights when
+`model.peft.checkpoint` is `adapters`, refuses (ValueError naming the weight) a checkpoint with a NaN or infinite
+weight, and adds the `erpo` entry: the optimizer-step counters, the non-finite guard's counts and every RNG state,
+so a resumed run continues where it stopped. `load_module_state` runs in `on_load_checkpoint` and undoes both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from erpo_lightning.modules.lora_files import (
+    check_adapters_base,
+    fill_frozen_weights,
+    keep_adapters_only,
+    trainable_state_names,
+)
+from erpo_lightning.rng import rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from erpo_lightning.modules.erpo_module import ERPOModule
+
+
+def save_module_state(module: ERPOModule, checkpoint: dict) -> None:
+    """Complete `checkpoint` (Lightning's dict, about to be written) for `module`; see the module docstring."""
+    if module.lora is not None and module.lora.checkpoint == "adapters":
+        keep_adapters_only(checkpoint, trainable_state_names(module), module.hparams.model_path)
+    for name, tensor in checkpoint.get("state_dict", {}).items():
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor shard under FSDP2
+        if torch.is_floating_point(local) and not torch.isfinite(local).all():
+            raise ValueError(f"refusing to write a checkpoint whose weight {name} is not finite (NaN/inf)")
+    checkpoint["erpo"] = {
+        "policy_version": module.policy_version,
+        "zero_signal_skips": module.zero_signal_skips,
+        "skipped_steps": module.guard.skipped_steps,
+        "consecutive_skips": module.guard.consecutive_skips,
+        # Unseeded rollouts and any other sampling draw from these: a resumed run continues their streams.
+        "rng": rng_state(),
+    }
+
+
+def load_module_state(module: ERPOModule, checkpoint: dict) -> None:
+    """Restore `module`'s counters and the RNG states from `checkpoint` (as loaded, before its weights are). An
+    adapters-only checkpoint is checked against the base model just loaded from `model_path` (same weight files) and
+    completed with its frozen weights, which the strict load then leaves as they are."""
+    where = str(module.trainer.ckpt_path) if module._trainer is not None else "the checkpoint"
+    if check_adapters_base(checkpoint, module.hparams.model_path, where):
+        fill_frozen_weights(checkpoint["state_dict"], module.state_dict(), trainable_state_names(module))
+    state = checkpoint.get("erpo", {})
+    module.policy_version = state.get("policy_version", 0)
+    module.zero_signal_skips = state.get("zero_signal_skips", 0)
+    module.guard.skipped_steps = state.get("skipped_steps", 0)
+    module.guard.consecutive_skips = state.get("consecutive_skips", 0)
+    if "rng" in state:
+        set_rng_state(state["rng"])
