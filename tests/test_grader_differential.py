@@ -85,6 +85,8 @@ HEDGED_CASES = [
     ("19", "\\boxed{7} The answer is 7 or maybe 19", False, None),
     ("19", "\\boxed{x = 7 = 19}", True, "equation_right_side"),
     ("19", "The answer is 7 unless it is 19.", False, None),  # issue 54: a retraction in the same sentence
+    ("19", "\\boxed{7} or perhaps \\boxed{19}", False, None),  # two boxes offered as alternatives
+    ("19", "\\boxed{7}. Hmm, maybe \\boxed{19}.", False, None),
 ]
 # Issue 54 item 12: digits set side by side (spaces, thin spaces, LaTeX spacing) are not one number.
 JUXTAPOSED_CASES = [("19", "1 9"), ("19", "1\\,9"), ("19", "1\\;9"), ("19", "1~9"), ("19", "1\u20099")]

@@ -1,6 +1,6 @@
-"""The grader after issue 54's hostile round (item 12): a retracted value, digits set side by side and a number with a
-comment for a unit are no answer; an unsimplified value is paid by its value unless it restates the problem, decided
-from the problem's own text. In-process graders (no worker pool)."""
+"""The grader after issue 54's hostile round (item 12): a retracted value, two boxes offered as alternatives, digits
+set side by side and a number with a comment for a unit are no answer; an unsimplified value is paid by its value
+unless it restates the problem, decided from the problem's own text. In-process graders (no worker pool)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,31 @@ def test_a_value_retracted_in_the_same_sentence_is_no_answer(strict):
     assert strict(hedges, ["19", "19", "7"]) == [0.0, 0.0, 0.0]
     # A sentence that names other numbers before its " is " without hedging still gives its value.
     assert strict(["Therefore, the sum of 5 and 9 is 14."], ["14"]) == [1.0]
+
+
+def test_two_boxes_offered_as_alternatives_are_no_answer_but_a_corrected_box_is(strict):
+    """A box followed, in the same breath, by a hedge and another box offers two values: no answer, whichever value
+    is the gold. A correction (no hedging word between the boxes) keeps the last box, and so does a repeated box."""
+    hedges = [
+        "\\boxed{7} or perhaps \\boxed{19}",
+        "\\boxed{7}. Hmm, maybe \\boxed{19}.",
+        "\\boxed{7}, possibly \\boxed{19}",
+        "\\boxed{7} or alternatively \\boxed{19} and \\boxed{20}",
+    ]
+    assert [extract_answer(h) for h in hedges] == [None] * len(hedges)
+    assert strict(hedges, ["19"] * len(hedges)) == strict(hedges, ["7"] * len(hedges)) == [0.0] * len(hedges)
+    kept = [
+        "First I got \\boxed{7}. Wait, that is wrong: 12 + 7 = 19, so the answer is \\boxed{19}.",
+        "\\boxed{7}\n\nLet me recheck. 12 + 7 = 19. Final answer: \\boxed{19}",
+        "\\boxed{19}. Hmm, maybe \\boxed{19}.",
+        "An earlier attempt gave \\boxed{7}, which does not check out when substituted back into the equation; "
+        "or so it seems. Recomputing gives \\boxed{19}",  # the hedge word is far from the last box
+    ]
+    assert [extract_answer(k) for k in kept] == ["19"] * len(kept)
+    assert strict(kept, ["19"] * len(kept)) == [1.0] * len(kept)
+    # Boxes joined by a plain connector still form one list answer.
+    assert extract_answer("\\boxed{2} or \\boxed{3}") == "2, 3"
+    assert strict(["\\boxed{2} and \\boxed{3}"], ["2, 3"]) == [1.0]
 
 
 JUXTAPOSED = ["1 9", "1\\,9", "1\\;9", "1\\ 9", "1~9", "1\\quad 9", "1\u20099", "1\u202f9"]

@@ -1,6 +1,7 @@
 """Pull the final answer out of a model response (or out of a reference solution).
 
-Order of preference for a response: the last group of ``\\boxed{}``/``\\fbox{}``; then the
+Order of preference for a response: the last group of ``\\boxed{}``/``\\fbox{}`` (none when a box just
+before it is offered as an alternative: ``\\boxed{7} or perhaps \\boxed{19}``); then the
 configured textual fallbacks ("The final answer is X", "Answer: X", a closing "Therefore, ... X");
 then, for a short response only, the whole text as a bare answer. Everything here is linear-time
 regex work: no parsing of the answer itself happens in this module.
@@ -38,6 +39,9 @@ _CONNECTOR = re.compile(
     r"|\band\b|\bor\b|[A-Za-z](?:_\{?\w+\}?)?\s*=)*"
 )
 _CONNECTOR_MAX_CHARS = 60
+# Words that, between two boxes, offer the second value as an alternative to the first ("\boxed{7} or perhaps
+# \boxed{19}"); a correction ("Wait, that is wrong: ... \boxed{19}") uses none of them and keeps the last box.
+_BOX_HEDGE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|alternatively)\b", re.IGNORECASE)
 # Test literals and JSON round trips sometimes double every backslash ("\\frac{1}{2}").
 _DOUBLED_COMMAND = re.compile(
     r"(?<!\\)\\\\(?:boxed|fbox|frac|dfrac|tfrac|sqrt|text|left|right|begin|end|pi|cdot|times|infty"
@@ -104,18 +108,35 @@ def find_boxes(text: str) -> list[tuple[int, int, str | None]]:
 
 
 def _last_box_group(text: str, boxes: list[tuple[int, int, str | None]], join: bool = True) -> list[str] | None:
-    """Contents of the last box and (when ``join``) of the boxes chained to it by connector text only."""
+    """Contents of the last box and (when ``join``) of the boxes chained to it by connector text only.
+
+    None when the last box is empty or unterminated, or when the box just before the group holds another value and
+    the short text between them hedges (``\\boxed{7} or perhaps \\boxed{19}``, ``\\boxed{7}. Hmm, maybe
+    \\boxed{19}``): like prose that offers two values, that is no answer.
+    """
     start, _, content = boxes[-1]
     if content is None or not content.strip():
         return None
     group = [content]
-    for prev_start, prev_end, prev_content in reversed(boxes[:-1] if join else []):
+    earlier = boxes[:-1]
+    while join and earlier:
+        prev_start, prev_end, prev_content = earlier[-1]
         between = text[prev_end:start]
         if len(between) > _CONNECTOR_MAX_CHARS or not _CONNECTOR.fullmatch(between):
             break
         group.append(prev_content or "")
-        start = prev_start
+        start, earlier = prev_start, earlier[:-1]
+    if earlier and _offers_another_value(text[earlier[-1][1] : start], earlier[-1][2], group):
+        return None
     return [c for c in reversed(group) if c.strip()]
+
+
+def _offers_another_value(between: str, previous: str | None, group: list[str]) -> bool:
+    """Whether a box holding ``previous``, followed by ``between`` and then the boxes of ``group``, offers a second
+    value as an alternative: ``between`` is short and hedges, and ``previous`` is not already in the group."""
+    if previous is None or not previous.strip() or len(between) > _CONNECTOR_MAX_CHARS:
+        return False
+    return _BOX_HEDGE.search(between) is not None and previous.strip() not in {c.strip() for c in group}
 
 
 def _read_through_boxes(content: str, levels: int = 3) -> str:
@@ -160,7 +181,8 @@ def extract_answer(
     """The final answer of a model response, or None when it has none.
 
     The last ``\\boxed{}`` wins (with ``join_boxes``, several boxes joined only by connectors such as
-    ", " or "\\quad and" form one list answer); an empty or unterminated last box gives None. Without a
+    ", " or "\\quad and" form one list answer); an empty or unterminated last box gives None, and so does a box
+    offered as an alternative to the box before it (``_offers_another_value``). Without a
     box, the configured ``fallbacks`` (names: ``final_answer``, ``answer_label``, ``conclusion``)
     are tried, and a response of at most ``bare_max_chars`` characters is a bare answer.
     """
