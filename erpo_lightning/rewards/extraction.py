@@ -118,15 +118,16 @@ def _last_box_group(text: str, boxes: list[tuple[int, int, str | None]], join: b
     if content is None or not content.strip():
         return None
     group = [content]
-    earlier = boxes[:-1]
-    while join and earlier:
-        prev_start, prev_end, prev_content = earlier[-1]
+    first = len(boxes) - 1  # the group's earliest box
+    while join and first > 0:
+        _, prev_end, prev_content = boxes[first - 1]
         between = text[prev_end:start]
         if len(between) > _CONNECTOR_MAX_CHARS or not _CONNECTOR.fullmatch(between):
             break
         group.append(prev_content or "")
-        start, earlier = prev_start, earlier[:-1]
-    if earlier and _offers_another_value(text[earlier[-1][1] : start], earlier[-1][2], group):
+        first -= 1
+        start = boxes[first][0]
+    if first > 0 and _offers_another_value(text[boxes[first - 1][1] : start], boxes[first - 1][2], group):
         return None
     return [c for c in reversed(group) if c.strip()]
 
