@@ -1,8 +1,8 @@
-"""The real-model, overfitting and brake studies' reports, rebuilt with `--report-only` from their committed runs:
-the claims file equals the committed one and the report the committed report, but for the command that wrote it
-(issue 53: the toy study is the one study `make test` trains end to end, tests/studies/test_toy_study.py; these three
-are checked on the runs they were written from, with their definitions checked in test_study_engine.py,
-test_overfit_study.py and test_brake_study.py)."""
+"""The real-model, overfitting, brake and long-horizon studies' reports, rebuilt with `--report-only` from their
+committed runs: the claims file equals the committed one and the report the committed report, but for the command
+that wrote it (issue 53: the toy study is the one study `make test` trains end to end, tests/studies/test_toy_study.py;
+these four are checked on the runs they were written from, with their definitions checked in test_study_engine.py,
+test_overfit_study.py, test_brake_study.py and test_long_horizon_study.py)."""
 
 import json
 import shutil
@@ -14,6 +14,7 @@ from helpers.quickstart import copy_quickstart_inputs
 from studies.brake import study as brake
 from studies.engine.claims import BASE_ARM
 from studies.engine.compare import main as compare_main
+from studies.long_horizon import study as long_horizon
 from studies.overfit import study as overfit
 from studies.real_model import study as real_model
 
@@ -26,6 +27,7 @@ STUDIES = {
     ),
     "overfit": (overfit, "studies/overfit", "overfit_study", ["pilot_runs"], ["curves", "evaluation"]),
     "brake": (brake, "studies/brake", "brake_study", ["pilot_runs"], ["trajectories"]),
+    "long_horizon": (long_horizon, "studies/long_horizon", "long_horizon_study", ["pilot_runs"], ["trajectories"]),
 }  # fmt: skip
 
 
