@@ -157,3 +157,41 @@ def test_the_brake_verdicts_in_the_readme_and_results_page_are_the_claims_files(
     assert f"(`{claims['accuracy.erpo_vs_grpo_peak']['verdict']}`)" in bullet
     text = section(DOCS / "results.md", "## Is ERPO more than a brake? The brake study")
     assert all(docs_link(brake / name) in text for name in ("brake_plan.md", "runs/README.md"))
+
+
+def test_the_long_horizon_verdicts_in_the_readme_and_results_page_are_the_claims_file():
+    """The README's long-horizon bullet says whether the paper's claim is supported by the plan's rule (erpo degrades
+    less at T = 1.5 than grpo and than grpo at the lower lr, both `confirmed`), quotes grpo's T = 1.0 drop, the
+    erpo-vs-grpo verdicts in the plan's order (T = 1.5 drop, T = 1.0 drop, final T = 1.5) with the final margin, and
+    the one verdict of every testable claim against the lower lr; docs/results.md links the report, plan and run log."""
+    long_horizon = REPO / "studies" / "long_horizon"
+    claims_file = long_horizon / "long_horizon_study_claims.json"
+    claims = {claim["key"]: claim for claim in json.loads(claims_file.read_text())["claims"]}
+    bullet = " ".join(
+        bullet_linking(
+            section(README, "## What ERPO does, measured"), "studies/long_horizon/long_horizon_study.md"
+        ).split()
+    )
+    supported = all(claims[f"degradation_t1.5.erpo_vs_{b}"]["verdict"] == "confirmed" for b in ("grpo", "lower_lr"))
+    assert ("claim is supported" if supported else "claim is not supported") in bullet
+    grpo_drop = next(
+        g for g in claims["degradation_t1.erpo_vs_grpo"]["gates"] if g["key"] == "testable.grpo_degrades_t1"
+    )
+    assert f"falls {grpo_drop['mean']:.1f} points from its best" in bullet
+    verdicts = re.findall(r"`(confirmed|refuted|inconclusive|confounded|untestable|invalid)`", bullet)
+    order = ("degradation_t1.5", "degradation_t1", "final_high_t")
+    assert verdicts[:3] == [claims[f"{quantity}.erpo_vs_grpo"]["verdict"] for quantity in order]
+    final = claims["final_high_t.erpo_vs_grpo"]
+    assert (
+        f"ends {-final['mean_margin']:.1f} points below grpo" in bullet
+        and f"{final['k']} of {final['n']} seeds" in bullet
+    )
+    lower = [
+        claim for key, claim in claims.items() if key.endswith("erpo_vs_lower_lr") and claim["verdict"] != "untestable"
+    ]
+    assert len({claim["verdict"] for claim in lower}) == 1 and f"(`{lower[0]['verdict']}`;" in bullet
+    area = claims["area_t1.erpo_vs_lower_lr"]
+    assert f"{-area['mean_margin']:.1f} points higher at T = 1.0 after step 400, {area['n'] - area['k']} of" in bullet
+    text = section(DOCS / "results.md", "## Over 1,000 steps: the long-horizon study")
+    assert all(docs_link(long_horizon / name) in text for name in ("long_horizon_plan.md", "long_horizon_study.md",
+                                                                    "runs/README.md"))  # fmt: skip
