@@ -103,9 +103,9 @@ def best_window_rows(records: list[RunRecord], benchmark: str) -> list[list[str]
     order = list(dict.fromkeys(r.method for r in records))
     rows = []
     for record in sorted(records, key=lambda r: (order.index(r.method), r.seed)):
-        row = [record.method, str(record.seed)]
+        row, frame = [record.method, str(record.seed)], sweeps(record)
         for temperature in ("T=1", "T=1.5"):
-            series = held_out(sweeps(record), benchmark, temperature)
+            series = held_out(frame, benchmark, temperature)
             step, best = peak(series, WINDOW, *PEAK_RANGE)
             row += [str(step), f"{100 * best:.1f}", f"{100 * (best - last_mean(series, WINDOW)):.1f}"]
         rows.append(row)
