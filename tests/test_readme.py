@@ -153,7 +153,9 @@ def test_the_brake_verdicts_in_the_readme_and_results_page_are_the_claims_files(
     assert (
         f"{-lower['mean_margin']:.1f} points" in bullet and f"{lower['n'] - lower['k']} of {lower['n']} seeds" in bullet
     )
-    assert f"(+{grpo['mean_margin']:.1f} points) is now `{grpo['verdict']}`" in bullet
+    assert f"(+{grpo['mean_margin']:.1f} points) is `{grpo['verdict']}`" in bullet
+    best = re.search(r"mean (\S+) points, erpo higher in (\d+) of (\d+) seeds", (brake / "brake_study.md").read_text())
+    assert f"lies {best[1]} points above grpo's (descriptive, {best[2]} of {best[3]} seeds)" in bullet
     assert f"(`{claims['accuracy.erpo_vs_grpo_peak']['verdict']}`)" in bullet
     text = section(DOCS / "results.md", "## Is ERPO more than a brake? The brake study")
     assert all(docs_link(brake / name) in text for name in ("brake_plan.md", "runs/README.md"))
@@ -195,3 +197,32 @@ def test_the_long_horizon_verdicts_in_the_readme_and_results_page_are_the_claims
     text = section(DOCS / "results.md", "## Over 1,000 steps: the long-horizon study")
     assert all(docs_link(long_horizon / name) in text for name in ("long_horizon_plan.md", "long_horizon_study.md",
                                                                     "runs/README.md"))  # fmt: skip
+
+
+def test_the_first_screen_verdict_is_the_claims_files():
+    """The README's opening paragraph says ERPO lost to GRPO at a smaller learning rate in the brake and long-horizon
+    studies, `refuted` in every seed: both claims files must say exactly that (erpo above the lower lr held-out at
+    T = 1.0: the brake study's final value, the long-horizon study's area after step 400)."""
+    opening = " ".join(README.read_text().split("## Quickstart")[0].split())
+    brake = json.loads((REPO / "studies/brake/brake_study_claims.json").read_text())["claims"]
+    long_horizon = json.loads((REPO / "studies/long_horizon/long_horizon_study_claims.json").read_text())["claims"]
+    lost = [next(c for c in brake if c["key"] == "accuracy.erpo_vs_lower_lr"),
+            next(c for c in long_horizon if c["key"] == "area_t1.erpo_vs_lower_lr")]  # fmt: skip
+    assert {claim["verdict"] for claim in lost} == {"refuted"} and all(claim["k"] == 0 for claim in lost)
+    counts = " and ".join(f"{claim['n']} of {claim['n']}" for claim in lost)
+    assert f"(`refuted`, {counts} seeds)" in opening and "ERPO did not beat a well-chosen baseline" in opening
+
+
+def test_the_long_horizon_query_kl_in_the_readme_is_the_reports():
+    """erpo_released's and grpo's end-of-run token-k3 Query-KL, as the README rounds them, from the report's table."""
+    report = (REPO / "studies/long_horizon/long_horizon_study.md").read_text()
+    end = {row.split(" | ")[0].strip("| "): float(row.split(" | ")[1].split(" ± ")[0])
+           for row in section_lines(report, "## Query-KL (token k3, descriptive)") if row.startswith("| ")
+           and " ± " in row}  # fmt: skip
+    readme = " ".join(README.read_text().split())
+    assert f"Query-KL at {end['erpo_released']:.2g} (grpo {end['grpo']:.3g})" in readme
+
+
+def section_lines(text: str, heading: str) -> list[str]:
+    """The lines of `text` under `heading`, up to the next heading."""
+    return text.split(heading, 1)[1].split("\n## ", 1)[0].splitlines()

@@ -193,6 +193,31 @@ def not_run_line(records: list[RunRecord]) -> str:
     )
 
 
+def best_window_line(table: dict) -> str:
+    """Descriptive, not a claim (issue 68): erpo's best held-out window at T = 1.0 minus grpo's, seed by seed, which is
+    what a user who keeps each run's best checkpoint compares."""
+    if not {"erpo", "grpo"} <= table.keys():
+        return "Best windows: erpo or grpo not run."
+    by_seed = {arm: dict(zip(table[arm]["seed"], table[arm]["T=1 peak"], strict=True)) for arm in ("erpo", "grpo")}
+    seeds = sorted(by_seed["erpo"].keys() & by_seed["grpo"].keys())
+    gaps = [100 * (by_seed["erpo"][seed] - by_seed["grpo"][seed]) for seed in seeds]
+    return (
+        f"Best windows (descriptive, no claim or rule): erpo's best three-sweep held-out mean at T = 1.0 minus grpo's, "
+        f"per seed: {' / '.join(f'{gap:.3g}' for gap in gaps)}; mean {sum(gaps) / len(gaps):.1f} points, erpo higher "
+        f"in {sum(gap > 0 for gap in gaps)} of {len(gaps)} seeds."
+    )
+
+
+def guard_note(results: list[dict]) -> str:
+    """What the engine's guard fix (issue 68) changed in this report, claim by claim: the runs did not change."""
+    kept = [f"`{r['key']}` **{r['verdict']}**" for r in results if r.get("guard_failed")]
+    return (
+        "A failed learning guard discounts only a win. Until 2026-12-07 the engine applied it to every verdict, which "
+        "turned refutations into `confounded`; the report was rebuilt from the same runs after the fix (issue 68). "
+        "Claims whose guard failed and whose rule verdict now stands: " + ("; ".join(kept) if kept else "none") + "."
+    )
+
+
 def brake_report(inputs: ReportInputs, claims: tuple[Claim, ...], matched: Matched) -> list[dict]:
     """Write the report (markdown), its trajectory figure and `<stem>_claims.json` beside it; the evaluated claims."""
     records, settings, path, study = inputs.records, inputs.settings, inputs.path, inputs.description
@@ -242,6 +267,8 @@ margin against a 2-point minimum effect, on all seeds and on every subset leavin
 memorising), `confounded` (the method learned less than half of grpo's gain, lagged its baseline early, or learned
 less than the early-stopped grpo). Claims file: `{claims_path.name}`.
 
+{guard_note(results)}
+
 Central claims: {"; ".join(f"`{r['key']}` **{r['verdict']}**" for r in central)}.
 
 {chr(10).join(describe_claim(claim) for claim in results)}
@@ -249,6 +276,8 @@ Central claims: {"; ".join(f"`{r['key']}` **{r['verdict']}**" for r in central)}
 ## Per arm (mean ± std over seeds; points, steps)
 
 {markdown_table(["arm", *QUANTITIES], rows)}
+
+{best_window_line(table)}
 
 ## Held-out Avg@4 at T = 1.0 over training (%, by step)
 

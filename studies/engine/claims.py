@@ -19,7 +19,9 @@ Every rule gives `n/a` when an arm or metric is missing, and `undefined` when bo
 is a number (a ratio against a baseline of 0: an arm that never moved from θ0). A seed whose paired value is not a
 number counts in neither k nor n; the result lists it in `undefined_seeds`. Gates (`Claim.gates`) are checked first:
 a claim whose gate fails gets the gate's verdict (`invalid` for a study's validity gate, `untestable` for a claim's
-testability gate, `confounded` for a `LearningGuard`: the method learned too little for its win to mean anything).
+testability gate, `confounded` for a `LearningGuard`: the method learned too little for its win to mean anything). A
+failed learning guard discounts only a win: a `refuted` or `inconclusive` claim keeps its verdict and records the
+guard beside it (`apply_gates`; until 2026-12-07 the guard overwrote every verdict, issue 68).
 
 A rerun confirms a claim the study found firm (`holds` / `confirmed`: it held; `fails` / `refuted`: it did not) when
 it agrees in more than half of the rerun's seeds; other verdicts are not checked.
@@ -38,6 +40,7 @@ Check = Literal["held", "not held", "not checked"]
 FIRM: dict[str, bool] = {"holds": True, "confirmed": True, "fails": False, "refuted": False}
 
 
+GUARD_VERDICT = "confounded"  # what a failed learning guard makes of a win (apply_gates)
 BASE_ARM = "base model"  # the base model's row of a study's table (studies.engine.report.with_base_model)
 
 
@@ -320,10 +323,30 @@ def evaluate(claim: Claim, table: dict, estimators: dict[str, str]) -> dict:
     )
     if claim.gates:
         result["gates"] = [gate.check(table, seeds, claim.method) for gate in claim.gates]
-        failed = next((gate for gate in result["gates"] if not gate["passed"]), None)
-        if failed is not None and result["verdict"] not in ("n/a", "undefined"):
-            result["verdict"] = failed["fails_as"]
+        result.update(apply_gates(result["verdict"], result["gates"]))
     return result
+
+
+def apply_gates(verdict: str, gates: list[dict]) -> dict:
+    """The verdict after the claim's checked gates, in order, and (when one is) the learning guard that failed but
+    left the verdict standing.
+
+    A validity or testability gate that failed replaces any verdict the rule reached. A failed learning guard
+    (`fails_as` "confounded") discounts only a win (`confirmed`, `holds`): it exists so that an arm that learned late
+    cannot claim a better end state, and says nothing against a claim the rule refuted or left open; that verdict
+    stands and the guard is recorded beside it (`guard_failed`).
+    """
+    if verdict in ("n/a", "undefined"):
+        return {"verdict": verdict}
+    kept = None
+    for gate in gates:
+        if gate["passed"]:
+            continue
+        if gate["fails_as"] == GUARD_VERDICT and not FIRM.get(verdict, False):
+            kept = kept or gate["key"]
+            continue
+        return {"verdict": gate["fails_as"]}
+    return {"verdict": verdict} if kept is None else {"verdict": verdict, "guard_failed": kept}
 
 
 def evaluate_all(table: dict, estimators: dict[str, str], claims: tuple[Claim, ...]) -> list[dict]:
@@ -378,6 +401,9 @@ def describe(result: dict) -> str:
         share += f", mean {gate['mean']:.3g}" if gate.get("mean") is not None else ""
         line += (f" Gate `{gate['key']}` ({gate['text']}): {gate_values}{share}, "
                  f"{'passed' if gate['passed'] else 'FAILED'}.")  # fmt: skip
+    if result.get("guard_failed"):
+        line += (f" The learning guard `{result['guard_failed']}` failed, which discounts only a win: the rule's "
+                 f"verdict stands.")  # fmt: skip
     if result.get("undefined_seeds"):
         line += f" Left out as not a number: seeds {undefined_seeds(result)} ({undefined_cause(result)})."
     if result.get("seeds_split"):

@@ -49,6 +49,23 @@ def held_out(frame: pd.DataFrame, benchmark: str, temperature: str) -> pd.Series
     return frame[f"val/avg@k/{benchmark}/{temperature}"]
 
 
+QUERY_KL = "train/query_kl_token_k3"  # logged for every arm, whatever it optimises
+QUERY_KL_TAIL = 50  # logged steps averaged at the end of a run
+
+
+def query_kl_rows(records: list[RunRecord]) -> list[list[str]]:
+    """Per arm, the token-k3 Query-KL (descriptive, no claim): the mean over a run's last QUERY_KL_TAIL logged steps,
+    then mean ± std over seeds, beside its largest value in the run (mean over seeds)."""
+    by_arm: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        values = record.metrics()[QUERY_KL].dropna()
+        arm = by_arm.setdefault(record.method, {"end": [], "max": []})
+        arm["end"].append(float(values.iloc[-QUERY_KL_TAIL:].mean()))
+        arm["max"].append(float(values.max()))
+    return [[arm, mean_std(v["end"]), mean_std(v["max"])]
+            for arm, v in by_arm.items()]  # fmt: skip
+
+
 def run_quantities(record: RunRecord, benchmark: str) -> dict[str, float]:
     """The trajectory quantities of one run (module docstring)."""
     frame = sweeps(record)
@@ -165,6 +182,13 @@ points below its baseline's. Claims file: `{claims_path.name}`.
 ## Per arm (points, mean ± std over seeds)
 
 {markdown_table(["arm", *QUANTITIES], rows)}
+
+## Query-KL (token k3, descriptive)
+
+Logged every step for every arm, whatever it optimises; the mean over each run's last {QUERY_KL_TAIL} logged steps and
+the run's largest value (mean ± std over seeds).
+
+{markdown_table(["arm", "Query-KL, end", "Query-KL, largest"], query_kl_rows(records))}
 
 ## Each run's best window (points)
 

@@ -11,5 +11,6 @@ never from each other.
 - `cli_runs`: `erpo` in this process on a tiny config, and its one-line errors;
 - `resume_runs`: a resumable fit in this process, its logged metrics and weights;
 - `quickstart`: the quickstart's inputs copied into a work directory;
+- `recomputed`: numbers recomputed from committed files compared with them as any CPU reproduces them;
 - `healthy_run`: one healthy toy run, trained once per session (the `healthy_toy_run` fixture), read by many tests;
 """

@@ -6,13 +6,14 @@ import json
 import math
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from helpers.recomputed import assert_recomputes
 
 from erpo_lightning.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
 from studies.brake import pilot
@@ -33,6 +34,7 @@ from studies.brake.study import (
     main,
 )
 from studies.engine.claims import BASE_ARM, Claim, evaluate
+from studies.engine.claims import describe as describe_claim
 from studies.engine.paired import MeanCheck, PairedInterval, t_interval, t_quantile
 from studies.engine.worked_steps import check_steps, problem_steps, response_steps, steps_right
 
@@ -105,6 +107,28 @@ def test_the_curve_guard_confounds_a_method_that_lags_its_baseline_early():
     assert evaluated["per_seed"] == pytest.approx([7.0, 6.0, 5.0, 8.0, 7.0]) and evaluated["verdict"] == "confounded"
     table["grpo"]["reward 10-49"] = [0.57, 0.58, 0.58, 0.57, 0.56]  # a control that lags as much: the guard passes
     assert evaluate(claim, table, {})["verdict"] == "confirmed"
+
+
+def test_a_failed_learning_guard_leaves_a_refutation_standing_but_a_failed_gate_does_not():
+    """The guard discounts wins (issue 68): the same lagging method, now losing by 7 points in every seed, is
+    `refuted` by the rule with the guard recorded beside the verdict; a failed testability gate still decides."""
+    seeds = [0, 1, 2, 3, 4]
+    table = {"erpo": {"seed": seeds, "T=1": [0.18, 0.17, 0.18, 0.19, 0.17],
+                      "reward 10-49": [0.56, 0.58, 0.57, 0.57, 0.56]},
+             "grpo": {"seed": seeds, "T=1": [0.25, 0.24, 0.26, 0.25, 0.24],
+                      "reward 10-49": [0.62, 0.63, 0.62, 0.62, 0.61]}}  # fmt: skip
+    lag = MeanCheck("guard.early", "lags", "reward 10-49", minus_arm="grpo", low=-2.0)
+    claim = Claim(
+        "c", "erpo beats grpo", "T=1", "erpo", "grpo", "difference", "above", 0.0, PairedInterval(2.0), (lag,)
+    )
+    evaluated = evaluate(claim, table, {})
+    assert evaluated["per_seed"] == pytest.approx([-7.0, -7.0, -8.0, -6.0, -7.0])
+    assert evaluated["verdict"] == "refuted" and evaluated["guard_failed"] == "guard.early"
+    assert not evaluated["gates"][0]["passed"]
+    assert "`guard.early` failed, which discounts only a win" in describe_claim(evaluated)
+    testable = MeanCheck("testable.grpo_learns", "learns", "T=1", arm="grpo", low=50.0, fails_as="untestable")
+    gated = evaluate(replace(claim, gates=(lag, testable)), table, {})
+    assert gated["verdict"] == "untestable" and "guard_failed" not in gated
 
 
 @pytest.mark.parametrize(
@@ -278,4 +302,5 @@ def test_the_committed_pilot_recomputes_to_its_decision():
     records = load_runs(REPO / "studies/brake/pilot_runs", arms, "brake-pilot")
     assert len(records) == 2 * len(arms) == 22
     recomputed = json.loads(json.dumps(pilot.decide(records)))  # the JSON round trip pilot.json took
-    assert recomputed == {"values": committed["values"], "chosen": committed["chosen"]}
+    assert recomputed["chosen"] == committed["chosen"]  # the decisions, exactly
+    assert_recomputes(recomputed["values"], committed["values"])  # the means, to a last-bit difference

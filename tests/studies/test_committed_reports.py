@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers.quickstart import copy_quickstart_inputs
+from helpers.recomputed import assert_recomputes, assert_same_report, same_up_to_printed_rounding
 
 from studies.brake import study as brake
 from studies.engine.claims import BASE_ARM
@@ -57,10 +58,9 @@ def test_report_only_rewrites_the_committed_claims_and_report(name, tmp_path, ca
     assert "report rewritten from" in capsys.readouterr().out
     report = STUDIES[name][2]
     claims = json.loads((copy / f"{report}_claims.json").read_text())
-    assert claims["claims"] == json.loads((committed / f"{report}_claims.json").read_text())["claims"]
-    assert without_command((copy / f"{report}.md").read_text()) == without_command(
-        (committed / f"{report}.md").read_text()
-    )
+    assert_recomputes(claims["claims"], json.loads((committed / f"{report}_claims.json").read_text())["claims"])
+    assert_same_report(without_command((copy / f"{report}.md").read_text()),
+                       without_command((committed / f"{report}.md").read_text()))  # fmt: skip
     for figure in STUDIES[name][4]:
         assert (copy / f"{report}_{figure}.png").stat().st_size > 10_000
 
@@ -90,6 +90,22 @@ def test_the_real_model_report_has_every_section_and_compares_with_its_own_claim
     assert "model: the rerun's is the same as the study's" in out and " 0 not held" in out, out
     checked = [line for line in out.splitlines() if " | study: " in line]
     assert len(checked) == len(real_model.CLAIMS) and all(
-        line.split(" | study: ")[1].split(" | rerun: ")[0] == line.split(" | rerun: ")[1] for line in checked
+        same_up_to_printed_rounding(line.split(" | rerun: ")[1], line.split(" | study: ")[1].split(" | rerun: ")[0])
+        for line in checked
     ), out  # every claim recomputes to the study's own verdict and values
     assert compared.value.code == 1  # none of its claims is firm enough to count as held (the command says so)
+
+
+def test_the_comparison_forgives_a_last_bit_and_nothing_more():
+    """The issue-67 case passes (0.1955186551112235 against 0.19551865511122346); a verdict, a key, a float off by
+    1e-9 and a printed number off by two units in its last digit do not."""
+    committed = {"values": {"0.003": 0.19551865511122346, "n": 16}, "verdict": "refuted"}
+    assert_recomputes({"values": {"0.003": 0.1955186551112235, "n": 16}, "verdict": "refuted"}, committed)
+    for wrong in ({"values": {"0.003": 0.1955186551112235 + 1e-9, "n": 16}, "verdict": "refuted"},
+                  {"values": {"0.003": 0.1955186551112235, "n": 16}, "verdict": "confounded"},
+                  {"values": {"0.003": 0.1955186551112235, "m": 16}, "verdict": "refuted"}):  # fmt: skip
+        with pytest.raises(AssertionError):
+            assert_recomputes(wrong, committed)
+    assert same_up_to_printed_rounding("mean 12.35, seeds 500-507", "mean 12.34, seeds 500-507")
+    assert not same_up_to_printed_rounding("mean 12.36, seeds 500-507", "mean 12.34, seeds 500-507")
+    assert not same_up_to_printed_rounding("**refuted** 12.34", "**confounded** 12.34")

@@ -3,11 +3,13 @@ guard and the base-model gates, the pilot's gate recomputed from its committed r
 report is rebuilt from the committed runs in tests/studies/test_committed_reports.py."""
 
 import json
+from dataclasses import replace
 from math import comb
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.recomputed import assert_recomputes
 
 from studies.engine.claims import BASE_ARM, Claim, Gate, LearningGuard, SignTest, describe, evaluate
 from studies.engine.report import add_retention, with_base_model
@@ -87,10 +89,11 @@ def test_the_learning_guard_confounds_an_arm_that_learned_less_than_half_of_grpo
     assert result["per_seed"] == pytest.approx([15.0, 20.0]) and result["reference_gain"] == pytest.approx(45.0)
     assert result["share"] == pytest.approx(17.5 / 45.0) and not result["passed"]
     claim = Claim("gap", "erpo's gap is smaller", "gap T=1", "erpo", "grpo", "difference", "below", 0.0,
-                  SignTest(effect=3.0), (guard,))  # fmt: skip
+                  SignTest(effect=3.0, alpha=0.25), (guard,))  # fmt: skip
     evaluated = evaluate(claim, table, {})
-    assert evaluated["per_seed"] == pytest.approx([-55.0, -39.0])  # the rule alone would count this a win...
+    assert evaluated["per_seed"] == pytest.approx([-55.0, -39.0])  # the rule alone counts this a win (p = 1/4)...
     assert evaluated["verdict"] == "confounded"  # ...but it learned too little for the gap to mean anything
+    assert evaluate(replace(claim, rule=SignTest(effect=3.0)), table, {})["verdict"] == "inconclusive"  # not a win
     assert "mean gain 0.39 of grpo's" in describe(evaluated) and "FAILED" in describe(evaluated)
     learner = {**lazy, "train T=1": [0.70, 0.65]}  # gains 30, 25: share 27.5/45 >= 0.5
     assert LearningGuard("guard", "learns", "grpo").check(table_with_base(grpo=grpo, erpo=learner), [0, 1],
@@ -114,9 +117,9 @@ def test_the_pilot_gate_recomputes_from_its_committed_runs():
     regime = pilot["chosen"]
     records = load_runs(PILOT / regime, ["grpo"], "pilot")
     inputs = type("Inputs", (), {"records": records})()
-    assert gate(inputs) == {key: value for key, value in pilot["regimes"][regime].items()} | {
-        "seeds": {int(seed): values for seed, values in pilot["regimes"][regime]["seeds"].items()}
-    }
+    recomputed = json.loads(json.dumps(gate(inputs)))  # the JSON round trip pilot.json took (int seeds -> strings)
+    assert recomputed["passes"] == pilot["regimes"][regime]["passes"]  # the decision, exactly
+    assert_recomputes(recomputed, pilot["regimes"][regime])
     assert regime == REGIME.name and pilot["regimes"][regime]["passes"]
 
 
