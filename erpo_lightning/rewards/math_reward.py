@@ -97,7 +97,9 @@ class MathReward:
     and only the undecided pairs go to a pool of ``num_workers`` verifier processes (sympy through Math-Verify),
     each pair within ``timeout_s`` seconds; a pair that runs over scores ``incorrect_reward`` and is counted in
     ``timeouts``. ``num_workers=0`` verifies in-process, without any deadline: use it only where subprocesses are
-    impossible (or for answers known to be plain numbers).
+    impossible (or for answers known to be plain numbers); answers sympy could spend unbounded time on (power
+    towers, huge exponents and factorials) are refused before parsing there. ``backend="math_verify"`` with
+    ``num_workers=0`` is refused (ValueError): Math-Verify parses whole responses, which no such check bounds.
 
     Bounds, checked before anything is parsed: a response longer than ``max_response_chars`` characters, or an
     extracted answer longer than ``max_answer_chars`` or nested deeper than ``max_depth`` brackets, scores 0 and is
@@ -135,6 +137,16 @@ class MathReward:
     ) -> None:
         if backend not in ("erpo", "math_verify"):
             raise ValueError(f"backend={backend!r}: choose 'erpo' or 'math_verify'")
+        if backend == "math_verify" and num_workers <= 0:
+            # Math-Verify parses the whole response with sympy, which can spend unbounded time inside one C call
+            # (9^9^9^9 is a number of hundreds of millions of digits) that no signal interrupts: only a worker
+            # process, killed at its deadline, bounds it.
+            raise ValueError(
+                f"MathReward(backend='math_verify', num_workers={num_workers}): Math-Verify would grade in this "
+                "process without any deadline, and a response such as 'The answer is 9^9^9^9' can hang it for ever. "
+                "Set num_workers >= 1 (verifier processes, each pair within timeout_s), or backend: erpo, whose "
+                "in-process path refuses such answers before parsing them"
+            )
         for name, value in (("timeout_s", timeout_s), ("max_response_chars", max_response_chars),
                             ("max_answer_chars", max_answer_chars), ("max_depth", max_depth)):  # fmt: skip
             if value <= 0:
