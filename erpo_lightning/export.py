@@ -25,6 +25,11 @@ version. A metrics file that cannot be read is named in the card; it does not st
 
 Before anything loads, `--out` and `--adapter_out` must be folders (or not exist yet) that do not overlap: the same
 folder, or one inside the other, would put the adapter beside (or around) the merged model, which already holds it.
+For the same reason `--out` may not hold an adapter's files (`adapter_config.json`, `adapter_model.*`: an earlier
+`--adapter_out` export there would be applied by `from_pretrained` on top of the merged weights), nor
+`--adapter_out` a model's; the error names the files. An earlier export of the same kind in the folder is replaced:
+its files are deleted (a line says which) before the new ones are written, so the folder loads as exactly the model
+exported; files of neither kind are left as they are.
 After writing, the folder is read back (config.json, and safetensors whose tensor names cover the written state
 dict) before the export counts as done; the message names the global step the checkpoint holds. A write that fails
 (a full disk) is one line naming the folder and the cause, and a folder the export created is removed, not left
@@ -40,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -82,12 +88,54 @@ def checkpoint_model_settings(ckpt_path: str | Path) -> dict[str, Any]:
     }
 
 
+# The files each kind of export writes (a model's: weights, configs, tokenizer, card; an adapter's: peft's), by name.
+MODEL_EXPORT_FILES = re.compile(
+    r"config\.json|generation_config\.json|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"
+    r"|(model\.safetensors|pytorch_model\.bin)\.index\.json|tokenizer.*|special_tokens_map\.json|vocab\..+"
+    r"|merges\.txt|added_tokens\.json|chat_template\..+|spiece\.model|README\.md"
+)
+ADAPTER_EXPORT_FILES = re.compile(r"adapter_config\.json|adapter_model\.(safetensors|bin)|README\.md")
+# A file of the other kind changes what loads from the folder: transformers' `from_pretrained` applies an adapter
+# it finds beside a model's weights (the merged ones: the adapter twice), and reads a model's config beside an adapter.
+_FOREIGN = {
+    "--out": (
+        re.compile(r"adapter_config\.json|adapter_model\..+"),
+        "a LoRA adapter (an earlier --adapter_out export?), which transformers' from_pretrained of the folder would "
+        "apply on top of the merged weights written here",
+    ),
+    "--adapter_out": (
+        re.compile(r"config\.json|generation_config\.json|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"
+                   r"|(model\.safetensors|pytorch_model\.bin)\.index\.json"),
+        "a model's files (an earlier --out export?), which a loader of the folder would take for the adapter's base",
+    ),
+}  # fmt: skip
+
+
+def export_files(folder: Path, kind: re.Pattern[str]) -> list[str]:
+    """The names of the files directly in `folder` that match `kind` (sorted; [] when `folder` does not exist).
+    Subfolders are not looked into: `from_pretrained` does not read them (HFExportCallback's `step_<n>` exports)."""
+    if not folder.is_dir():
+        return []
+    return sorted(path.name for path in folder.iterdir() if path.is_file() and kind.fullmatch(path.name))
+
+
 def check_output_folders(out: str | Path, adapter_out: str | Path | None = None) -> None:
-    """SettingsError when `--out` or `--adapter_out` is an existing file, or when the two folders overlap (the same
-    folder, or one inside the other, after resolving links and `..`): checked before anything loads."""
+    """SettingsError when `--out` or `--adapter_out` is an existing file, holds files of the other kind of export
+    (`_FOREIGN`: an adapter's in `--out`, a model's in `--adapter_out`), or when the two folders overlap (the same
+    folder, or one inside the other, after resolving links and `..`): checked before anything loads. Files of the
+    same kind (an earlier export to the same folder) are replaced when the export writes (`clear_earlier_export`)."""
     for flag, path in (("--out", out), ("--adapter_out", adapter_out)):
         if path is not None and Path(path).exists() and not Path(path).is_dir():
             raise SettingsError(f"{flag}: {path} is a file, not a folder; name a folder to write the model into")
+        if path is None:
+            continue
+        pattern, what = _FOREIGN[flag]
+        foreign = export_files(Path(path), pattern)
+        if foreign:
+            raise SettingsError(
+                f"{flag}: {path} holds {', '.join(foreign)}: {what}; delete {'them' if len(foreign) > 1 else 'it'} "
+                f"(or the folder), or give {flag} an empty folder"
+            )
     if adapter_out is None:
         return
     merged, adapter = Path(out).resolve(), Path(adapter_out).resolve()
@@ -97,6 +145,18 @@ def check_output_folders(out: str | Path, adapter_out: str | Path | None = None)
             "merged model already holds the adapter, and loading it beside the adapter's files would apply the "
             "adapter a second time; give them separate folders"
         )
+
+
+def clear_earlier_export(folder: Path, kind: re.Pattern[str], flag: str) -> None:
+    """Delete the files of an earlier export of the same `kind` from `folder`, saying so, so that the folder then holds
+    exactly what this export writes (an earlier model's tokenizer files or weight shards would otherwise stay beside
+    the new ones). Other files are left as they are."""
+    earlier = export_files(folder, kind)
+    if earlier:
+        shown = ", ".join(earlier[:6]) + (f" and {len(earlier) - 6} more" if len(earlier) > 6 else "")
+        print(f"[erpo] {flag} {folder} holds an earlier export ({shown}): replacing it", flush=True)
+        for name in earlier:
+            (folder / name).unlink()
 
 
 def initial_model_reference(source: str) -> str:
@@ -118,10 +178,13 @@ def export_checkpoint(
 
     Args:
         ckpt_path: a Lightning checkpoint file or FSDP2 sharded checkpoint folder of an ERPOModule run.
-        out: the folder to write (created; files of the same names are replaced); not an existing file.
+        out: the folder to write (created when missing); not an existing file, nor a folder holding an adapter's
+            files (refused). An earlier model export there is deleted, file by file, before the new one is written
+            (`clear_earlier_export`, which says so); other files are left.
         model_path: the run's initial model; None = the one the checkpoint names.
         adapter_out: a LoRA run only: also write the adapter alone there, in peft's `save_pretrained` format, with
-            `base_model_name_or_path` the initial model's absolute path (or Hub id); a folder apart from `out`.
+            `base_model_name_or_path` the initial model's absolute path (or Hub id); a folder apart from `out`,
+            holding no model's files (an earlier adapter there is replaced).
         metrics: the run's CSVLogger metrics file, read first for the model card's sweep; None = the sweep history
             the checkpoint keeps, else the metrics.csv beside it.
 
@@ -164,9 +227,11 @@ def export_checkpoint(
     with removed_if_the_write_fails([out] + ([Path(adapter_out)] if adapter_out is not None else [])):
         if adapter_out is not None:
             adapters.peft_config["default"].base_model_name_or_path = initial_model_reference(source)
+            clear_earlier_export(Path(adapter_out), ADAPTER_EXPORT_FILES, "--adapter_out")
             adapters.save_pretrained(Path(adapter_out))
             check_adapter_folder(Path(adapter_out))
         state = tied_head_state(model, base_model_state_dict(model))  # may set config.tie_word_embeddings false
+        clear_earlier_export(out, MODEL_EXPORT_FILES, "--out")
         # Also writes generation_config.json, the initial model's (or transformers' default).
         model.save_pretrained(out, state_dict=state)
         AutoTokenizer.from_pretrained(source, trust_remote_code=settings["trust_remote_code"]).save_pretrained(out)
