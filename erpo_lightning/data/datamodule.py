@@ -48,7 +48,6 @@ from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.file_hashes import cache_home
-from erpo_lightning.rewards.protocol import reward_name
 from erpo_lightning.rollout.batch import QueryBatch
 from erpo_lightning.rollout.hf_engine import HFEngine
 from erpo_lightning.rollout.sampler import RolloutSampler
@@ -264,7 +263,7 @@ class QueryDataModule(LightningDataModule):
                 "RolloutCallback: add one, or remove data.pass_rate_filter"
             )
         data = self.data
-        fingerprint = pass_rate_fingerprint(self.model_path, data, reward_name(training.reward), settings)
+        fingerprint = pass_rate_fingerprint(self.model_path, data, training, settings, dtype)
         path = PASS_RATE_ROOT / rates_file_name(fingerprint)
 
         def measure() -> torch.Tensor:

@@ -4,26 +4,38 @@ The offline filter samples `samples` responses per training query from the initi
 the training reward and the sweep's seeding (`derive_seed`, chunks of `batch_size` prompts, one engine call each),
 and keeps query q when low <= pass rate(q) <= high (a response passes when its reward reaches the rollout's
 correctness threshold). The rates are cached in a JSON file named by a fingerprint of what they depend on (model
-weights, tokenizer, queries and prompt tokens, reward, sampling settings), so a changed band re-filters without
-generating again. It is the baseline to compare ERPO's query weights w(q) with: a hard 0/1 weight from the base
-model's pass rate instead of a soft one from its reference likelihood (docs/data.md).
+weights, tokenizer, queries and prompt tokens, the reward's full settings, the correctness threshold, the engine's
+sampling settings with the response cap, the dtype the model samples in, and the filter's own sampling fields), so a
+changed band re-filters without generating again, and any other change measures again. It is the baseline to
+compare ERPO's query weights w(q) with: a hard 0/1 weight from the base model's pass rate instead of a soft one from
+its reference likelihood (docs/data.md).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
+from erpo_lightning.data.cache_build import report
 from erpo_lightning.data.files import DataError
 from erpo_lightning.data.fingerprint import _json_hash, dataset_fingerprint, resolve_model_dir, tokenizer_hash
 from erpo_lightning.data.fingerprint import weights_hash as model_weights_hash
 from erpo_lightning.data.prepare import PreparedQueries
+from erpo_lightning.rewards.combined import CombinedReward
+from erpo_lightning.rewards.protocol import Reward, reward_name
 from erpo_lightning.rollout.engine import TEMPERATURE_RANGE, derive_seed, is_sampling_temperature
 from erpo_lightning.rollout.sampler import RolloutSampler
+
+# The layout of a rates file's fingerprint; a file holding another (or none: those written before the reward's
+# settings, threshold, response cap and dtype were keyed) is measured again, never read.
+KEY_FORMAT = 2
 
 
 @dataclass
@@ -98,19 +110,121 @@ def pass_rates(data: PreparedQueries, sampler: RolloutSampler, settings: PassRat
     return rates
 
 
-def pass_rate_fingerprint(model_path: str, data: PreparedQueries, reward_name: str, settings: PassRateFilter) -> dict:
+def _is_plain(value: object) -> bool:
+    """Whether `value` is plain data with one JSON form: finite numbers, text, booleans, None, and lists, tuples and
+    text-keyed dicts of them."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _is_plain(item) for key, item in value.items())
+    return False
+
+
+def _refuse(name: str, why: str) -> ValueError:
+    return ValueError(
+        f"data.pass_rate_filter keys its cached pass rates by the reward's settings, and the reward {name} cannot "
+        f"describe them: {why}. Give it a `describe()` method that returns its settings as plain data (numbers, "
+        "text, booleans, None, lists and dicts of them), docs/rewards.md"
+    )
+
+
+def _described_values(name: str, what: str, values: dict[str, object], strict: bool) -> dict[str, object]:
+    """`values` with each callable replaced by its `reward_description` (a reward wrapping another, a closure over a
+    helper); a value that is neither plain data nor callable is refused when `strict`, else left out."""
+    described: dict[str, object] = {}
+    for key, value in values.items():
+        if _is_plain(value):
+            described[key] = value
+        elif callable(value):
+            described[key] = reward_description(value)
+        elif strict:
+            raise _refuse(name, f"its {what} {key!r} is a {type(value).__name__}, not plain data")
+    return described
+
+
+def reward_description(reward: Reward) -> dict[str, object]:
+    """A stable description of everything that sets `reward`'s values, as plain data (it keys the pass-rate cache).
+
+    - a `CombinedReward`: its names, weights and each component described by these rules;
+    - a `functools.partial`: its function described, and its bound arguments;
+    - a bound method: its name and its object described;
+    - a plain function: its import path, its defaults and the values its closure holds;
+    - any other object: its class and its public attributes (attributes whose names start with `_` are state, e.g.
+      counters and worker pools, and are left out).
+
+    A callable value among those (a reward wrapping another) is described by the same rules. A reward with a
+    `describe()` (MathReward, ThinkFormatReward) adds what it returns, and may hold values that are not plain data
+    (MathReward's `settings`, which its `describe()` spells out); any other must hold only plain data: finite
+    numbers, text, booleans, None, and lists and dicts of them.
+
+    Raises:
+        ValueError naming the reward and what it cannot describe.
+    """
+    name = reward_name(reward)
+    if isinstance(reward, CombinedReward):
+        components = [reward_description(component) for component in reward.rewards]
+        return {"class": name, "names": list(reward.names), "weights": list(reward.weights), "components": components}
+    if isinstance(reward, functools.partial):
+        arguments = _described_values(name, "bound argument", {str(i): v for i, v in enumerate(reward.args)}, True)
+        keywords = _described_values(name, "bound keyword argument", dict(reward.keywords), True)
+        return {"partial": reward_description(reward.func), "args": list(arguments.values()), "keywords": keywords}
+    if inspect.ismethod(reward):
+        return {"method": name, "object": reward_description(reward.__self__)}
+    describe = getattr(reward, "describe", None)
+    described = describe() if callable(describe) else None
+    if described is not None and not _is_plain(described):
+        raise _refuse(name, "its describe() returns something that is not plain data")
+    strict = described is None
+    if inspect.isfunction(reward):
+        defaults = {str(i): value for i, value in enumerate(reward.__defaults__ or ())}
+        own = {
+            "function": name,
+            "defaults": _described_values(name, "default", defaults, strict),
+            "keyword_defaults": _described_values(name, "keyword default", dict(reward.__kwdefaults__ or {}), strict),
+            "closure": _described_values(name, "closure value", inspect.getclosurevars(reward).nonlocals, strict),
+        }
+    else:
+        attributes = {key: value for key, value in getattr(reward, "__dict__", {}).items() if not key.startswith("_")}
+        own = {"class": name, "attributes": _described_values(name, "attribute", attributes, strict)}
+    return own if described is None else {**own, "describe": described}
+
+
+def pass_rate_fingerprint(
+    model_path: str, data: PreparedQueries, sampler: RolloutSampler, settings: PassRateFilter, dtype: str
+) -> dict:
     """What the pass rates depend on: the model's weights and tokenizer, the queries and their prompt tokens, the
-    reward, and the sampling settings (not the band, which only selects among the rates)."""
+    reward's full settings (`reward_description`), the correctness threshold, the engine's sampling settings with
+    the response cap the filter uses (its own `max_new_tokens`, else the rollout's), the dtype the model samples in,
+    and the filter's sampling fields (not the band, which only selects among the rates).
+
+    Returned as its JSON form (keys sorted), so that it compares equal to the copy a rates file holds.
+
+    Raises:
+        ValueError when the reward cannot describe its settings (`reward_description`).
+    """
     model_dir = resolve_model_dir(model_path)
     sampling = {key: value for key, value in asdict(settings).items() if key not in ("low", "high")}
-    return {
+    engine = asdict(sampler.settings)
+    engine["max_new_tokens"] = settings.max_new_tokens or sampler.settings.max_new_tokens
+    for per_call in ("n", "temperature", "seed"):  # given per call by `pass_rates`, from the filter's fields
+        engine.pop(per_call, None)
+    fingerprint = {
+        "key_format": KEY_FORMAT,
         "weights_hash": model_weights_hash(model_dir),
         "tokenizer_hash": tokenizer_hash(model_dir),
         "dataset_fingerprint": dataset_fingerprint(data.queries),
         "prompt_tokens_hash": _json_hash([list(ids) for ids in data.prompt_ids]),
-        "reward": reward_name,
+        "reward": reward_description(sampler.reward),
+        "correct_threshold": float(sampler.correct_threshold),
+        "engine_settings": engine,
+        "dtype": str(dtype).removeprefix("torch."),
         "sampling": sampling,
     }
+    return json.loads(json.dumps(fingerprint, sort_keys=True))
 
 
 def rates_file_name(fingerprint: dict) -> str:
@@ -120,14 +234,30 @@ def rates_file_name(fingerprint: dict) -> str:
 
 def load_or_compute_rates(path: Path, fingerprint: dict, compute) -> tuple[torch.Tensor, bool]:
     """The rates stored at `path` when its fingerprint is `fingerprint`, else `compute()`'s, written there (to a
-    temporary file, renamed). Returns (rates, whether they were loaded)."""
+    temporary file, renamed). A file there that cannot be read, that was written with another key format (an older
+    erpo_lightning's, which left out the reward's settings, the threshold, the response cap and the dtype) or with
+    another fingerprint is measured again, saying why; it is never read. Returns (rates, whether they were loaded)."""
     if path.is_file():
         try:
             stored = json.loads(path.read_text())
-        except (OSError, ValueError):
-            stored = {}
-        if stored.get("fingerprint") == fingerprint:
-            return torch.tensor(stored["rates"], dtype=torch.float64), True
+            stored_fingerprint, stored_rates = stored["fingerprint"], stored["rates"]
+        except (OSError, ValueError, TypeError, KeyError):
+            stored_fingerprint = stored_rates = None
+        if stored_fingerprint == fingerprint and isinstance(stored_rates, list):
+            return torch.tensor(stored_rates, dtype=torch.float64), True
+        if not isinstance(stored_fingerprint, dict):
+            why = "it cannot be read as a rates file"
+        elif stored_fingerprint.get("key_format") != fingerprint.get("key_format"):
+            why = (
+                f"it was written with key format {stored_fingerprint.get('key_format', 1)}, not "
+                f"{fingerprint.get('key_format')} (an older key left out the reward's settings, the correctness "
+                "threshold, the response cap and the dtype)"
+            )
+        else:
+            changed = sorted(key for key in {*fingerprint, *stored_fingerprint}
+                             if fingerprint.get(key) != stored_fingerprint.get(key))  # fmt: skip
+            why = f"its {', '.join(changed) or 'rates'} differ from this run's"
+        report(f"pass-rate filter: measuring again instead of reading {path}: {why}")
     rates = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
