@@ -24,6 +24,8 @@ class StudySettings:
     problems and training queries at every temperature), logged into the run's metrics.csv: a trajectory
     (studies/engine/trajectory.py). `save_completions` keeps every sweep's graded responses in the run folder too
     (TemperatureSweepCallback `save_completions`). Both default to off: one final sweep, as the first studies ran.
+    `validation` (a JSONL path relative to the work directory) sweeps a second benchmark of other problems, at the
+    same temperatures and k, labelled VALIDATION: a study that selects a step by it reads the held-out set there.
     """
 
     steps: int
@@ -34,6 +36,7 @@ class StudySettings:
     train_sample_size: int = 64  # training queries for the train-vs-eval gap (all of them when at least their number)
     sweep_every: int | None = None  # RL steps between sweeps during training; None: only the final sweep
     save_completions: bool = False  # keep every sweep's graded responses (sweep_completions.jsonl.gz)
+    validation: str | None = None  # a JSONL of other problems swept beside the held-out set, labelled VALIDATION
 
     def __post_init__(self) -> None:
         # A sweep every step would put the start sweep and the first one at the same logged step.
@@ -44,7 +47,7 @@ class StudySettings:
         """The settings as `study.json` and the claims file hold them; the trajectory fields only when set, so that
         the files of the studies that ran without them keep their shape."""
         record = asdict(self)
-        for name, default in (("sweep_every", None), ("save_completions", False)):
+        for name, default in (("sweep_every", None), ("save_completions", False), ("validation", None)):
             if record[name] == default:
                 del record[name]
         return record

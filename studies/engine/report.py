@@ -34,6 +34,7 @@ TRAIN_METRICS = {"Query-KL": "train/query_kl", "Policy-KL": "train/policy_kl", "
 COMMON_ESTIMATOR = "token_k3"
 COMMON_COLUMN = f"train/query_kl_{COMMON_ESTIMATOR}"
 TRAIN_SAMPLE = "train"  # the label TemperatureSweepCallback gives its sample of training queries
+VALIDATION = "validation"  # the label of a study's validation benchmark (definition.StudySettings.validation)
 SWEEP_KEYS = ("first_step", "last_step", "before", "after")  # what sweep_summary.json holds
 
 
@@ -158,10 +159,10 @@ def temperature_columns(temperatures: Sequence[float]) -> dict[str, str]:
 
 def benchmark_label(records: list[RunRecord]) -> str:
     """The label of the held-out benchmark the runs swept (every `val/avg@k/<label>/...` but the `mean` over
-    benchmarks and the training sample)."""
+    benchmarks, the training sample and a validation benchmark)."""
     labels = {name.split("/")[2] for record in records for name in record.sweep()["after"]
               if name.startswith("val/avg@k/") and name.count("/") == 3}  # fmt: skip
-    labels -= {"mean", TRAIN_SAMPLE}
+    labels -= {"mean", TRAIN_SAMPLE, VALIDATION}
     if len(labels) != 1:
         raise SystemExit(f"the runs swept {sorted(labels)}: a study sweeps one held-out benchmark")
     return labels.pop()

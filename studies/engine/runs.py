@@ -27,6 +27,7 @@ import yaml
 from studies.engine.definition import Study, StudySettings
 from studies.engine.report import (
     SWEEP_KEYS,
+    VALIDATION,
     DamagedRunFile,
     RunRecord,
     check_metrics_reach,
@@ -71,6 +72,8 @@ def callback_config(sweep: dict, settings: StudySettings, run_at_start: bool) ->
     options.pop("max_problems", None)  # the study's eval problems are the benchmark's limit
     sweep = {"temperatures": list(settings.temperatures), "seed": sweep.get("seed", 0),
              "benchmarks": [{"source": source, "k": settings.eval_k}], **options}  # fmt: skip
+    if settings.validation is not None:
+        sweep["benchmarks"].append({"source": {"path": settings.validation, "label": VALIDATION}, "k": settings.eval_k})
     init_args = {
         "every_n_steps": settings.sweep_every or settings.steps + 1,
         "run_at_start": run_at_start,

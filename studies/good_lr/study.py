@@ -1,0 +1,138 @@
+"""The good-learning-rate study (issue 68): with the learning rate already small, does ERPO add anything to GRPO?
+And does a run's Query-KL warn of its held-out decline?
+
+Two studies found GRPO at a smaller learning rate beating ERPO at the larger one; no run of ERPO at the smaller rate
+existed. The core arms are grpo and erpo, both at the brake study's smaller rate (7e-5) in the brake regime (the toy
+model, the first 32 training queries), swept every 20 steps on the test set, on a committed validation set of other
+problems (studies/good_lr/validation.jsonl) and on the training queries. The plan, with every rule, was committed
+before any run: studies/good_lr/good_lr_plan.md. The pilot (studies/good_lr/pilot.py) fixes only the run length.
+
+    python -m studies.good_lr.pilot          # the pilot: fixes STEPS (good_lr_plan.md, "Pilot")
+    python -m studies.good_lr                # the core runs, seeds 810-825, once STEPS is set
+    python -m studies.good_lr --report-only  # the report from the finished runs
+    python -m studies.good_lr --quick        # smoke test: both arms, 1 seed, 4 steps
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import sys
+from pathlib import Path
+
+from studies.engine.definition import ALL_QUERIES, ReportInputs, Study, StudySettings
+from studies.engine.run import main as run_study_main
+from studies.toy.study import shipped_model
+
+BASE_CONFIG = "configs/quickstart.yaml"
+TRAIN_FILE = "erpo_lightning/toy/shipped/train.jsonl"
+TEST_FILE = "erpo_lightning/toy/shipped/test.jsonl"
+VALIDATION_FILE = "studies/good_lr/validation.jsonl"  # rows 200-399 of TEST_FILE (the plan's "Regime")
+TRAIN_QUERIES = 32  # the brake study's regime
+LEARNING_RATE = 7e-5  # the brake study's smaller learning rate, for both core arms
+SWEEP_EVERY = 20
+WINDOW = 3  # sweeps averaged at the end of a run and in a drawdown
+PILOT_LENGTHS = (300, 400, 500)  # the run lengths the pilot reads, shortest first
+STEPS: int | None = None  # the pilot's choice (good_lr_plan.md, "Pilot result"); None until the pilot has run
+CORE_SEEDS = tuple(range(810, 826))
+PORTABILITY_SEEDS = tuple(range(810, 818))
+COUNTS_FILE = "problem_correct.csv.gz"  # a run's per-problem correct counts, kept in place of its responses
+RESPONSES_FILE = "sweep_completions.jsonl.gz"
+
+
+def regime_flags() -> tuple[str, ...]:
+    """`erpo fit` flags every core run shares but its preset and learning rate: the first TRAIN_QUERIES training rows
+    with their own reference cache, Policy-KL monitored."""
+    train = [{"path": TRAIN_FILE, "label": "toy_train", "limit": TRAIN_QUERIES}]
+    return ("--data.train", json.dumps(train), "--data.cache_dir", f".cache/good_lr/q{TRAIN_QUERIES}/reference",
+            "--model.monitor_policy_kl", "true")  # fmt: skip
+
+
+def arm(algorithm: str, learning_rate: float = LEARNING_RATE) -> list[str]:
+    """An arm's `erpo fit` flags: its preset and learning rate."""
+    return ["--model.algorithm", algorithm, "--model.learning_rate", f"{learning_rate:g}"]
+
+
+CORE_ARMS: dict[str, list[str]] = {"grpo": arm("grpo"), "erpo": arm("erpo")}
+
+
+def settings(steps: int, seeds: tuple[int, ...]) -> StudySettings:
+    """The core's sweeps (the plan's "Regime") for runs of `steps` steps."""
+    return StudySettings(steps=steps, seeds=seeds, temperatures=(1.0, 1.5), eval_problems=200, eval_k=4,
+                         train_sample_size=ALL_QUERIES, sweep_every=SWEEP_EVERY, save_completions=True,
+                         validation=VALIDATION_FILE)  # fmt: skip
+
+
+QUICK = StudySettings(steps=4, seeds=(810,), temperatures=(1.0, 1.5), eval_problems=16, eval_k=2,
+                      train_sample_size=ALL_QUERIES, sweep_every=2, save_completions=True,
+                      validation=VALIDATION_FILE)  # fmt: skip
+
+
+def compact_completions(run_folder: Path, benchmark: str) -> Path:
+    """Replace a run's kept sweep responses by each `benchmark` problem's number of correct samples per sweep and
+    temperature (what the bootstrap over problems reads); returns the counts file. Idempotent: a run whose counts
+    exist and whose responses are gone is left as it is.
+
+    Columns: step (optimizer steps before the sweep), temperature, index (the problem's row in the benchmark),
+    correct (samples graded right), k (samples drawn).
+    """
+    counts, responses = run_folder / COUNTS_FILE, run_folder / RESPONSES_FILE
+    if not responses.is_file():
+        if counts.is_file():
+            return counts
+        raise FileNotFoundError(f"{run_folder}: neither {RESPONSES_FILE} nor {COUNTS_FILE}")
+    rows = []
+    with gzip.open(responses, "rt") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if record["benchmark"] == benchmark:
+                correct = record["correct"]
+                rows.append((record["step"], record["temperature"], record["index"], sum(correct), len(correct)))
+    with gzip.open(counts, "wt", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(("step", "temperature", "index", "correct", "k"))
+        writer.writerows(sorted(rows))
+    responses.unlink()
+    return counts
+
+
+def write_core_report(inputs: ReportInputs) -> list[dict]:
+    """The core's report (studies.good_lr.report): written once the runs have finished, before any verdict is read."""
+    from studies.good_lr.report import good_lr_report
+
+    return good_lr_report(inputs)
+
+
+def core_study(steps: int, out: Path = Path("studies/good_lr/runs")) -> Study:
+    """The core study with runs of `steps` steps, its runs under `out`."""
+    return Study(
+        name="good-lr-study",
+        module="studies.good_lr",
+        base_config=BASE_CONFIG,
+        arms=CORE_ARMS,
+        default_arms=tuple(CORE_ARMS),
+        full=settings(steps, CORE_SEEDS),
+        quick=QUICK,
+        claims=(),
+        out=out,
+        quick_out=Path("runs/good_lr_quick"),
+        report=Path("studies/good_lr/good_lr_study.md"),
+        model_identity=shipped_model,
+        write_report=write_core_report,
+        fit_flags=regime_flags(),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if STEPS is None and not {"--quick", "-h", "--help"} & set(args):
+        raise SystemExit(
+            "the good-lr study's run length is not set: run `python -m studies.good_lr.pilot` first and commit its "
+            "result (good_lr_plan.md, 'Pilot'); until then only --quick runs"
+        )
+    run_study_main(core_study(STEPS or PILOT_LENGTHS[0]), argv)
+
+
+if __name__ == "__main__":
+    main()

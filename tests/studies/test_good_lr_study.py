@@ -1,0 +1,62 @@
+"""The good-lr study (studies/good_lr): the pilot's rule on hand-made trajectories, the committed validation set
+(other problems than the test set's and the training file's), unseen seeds, arms `erpo fit` accepts, and the plan
+committed beside it."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from studies.good_lr import pilot, study
+
+REPO = Path(__file__).resolve().parents[2]
+EARLIER_SEEDS = set(range(8)) | {100, 101, 200, 201, 400, 401} | set(range(300, 316)) | set(range(500, 508))
+
+
+def curve(values: list[float]) -> pd.Series:
+    """Held-out Avg@4 by sweep step, a sweep every 20 steps from 0."""
+    return pd.Series(values, index=[20 * i for i in range(len(values))], dtype=float)
+
+
+def test_the_drawdown_is_the_best_window_minus_the_last_three_sweeps():
+    # rises to 0.50 by steps 40-80, then falls to 0.40 over the last three sweeps before step 300
+    values = [0.40, 0.45, 0.50, 0.50, 0.50, 0.48, 0.47, 0.46, 0.45, 0.44, 0.43, 0.42, 0.41, 0.40, 0.40, 0.40]
+    series = curve(values + [0.39] * 10)  # 500 steps: 26 sweeps
+    assert pilot.drawdown(series, 300) == pytest.approx(100 * (0.50 - 0.40))
+    # at 400 the last three are 0.39 and the best window may reach step 340 only: still the 0.50 plateau
+    assert pilot.drawdown(series, 400) == pytest.approx(100 * (0.50 - 0.39))
+    assert pilot.drawdown(curve([0.4] * 10), 300) != pilot.drawdown(curve([0.4] * 10), 300)  # NaN: not reached
+
+
+def test_the_pilot_chooses_the_shortest_length_that_passes_in_both_seeds():
+    assert pilot.choose_steps({800: {300: 2.5, 400: 3.0, 500: 4.0}, 801: {300: 2.0, 400: 1.0, 500: 3.0}}) == 300
+    assert pilot.choose_steps({800: {300: 1.9, 400: 3.0, 500: 4.0}, 801: {300: 5.0, 400: 2.1, 500: 3.0}}) == 400
+    assert pilot.choose_steps({800: {300: 0.0, 400: 0.0, 500: 1.0}, 801: {300: 5.0, 400: 5.0, 500: 5.0}}) == 500
+    assert pilot.choose_steps({800: {300: 9.0, 400: 9.0, 500: 9.0}}) == 500  # a seed missing: never chosen early
+
+
+def test_the_validation_set_is_other_problems_of_the_shipped_test_file():
+    test = [json.loads(line) for line in (REPO / study.TEST_FILE).read_text().splitlines()]
+    validation = [json.loads(line) for line in (REPO / study.VALIDATION_FILE).read_text().splitlines()]
+    train = {json.loads(line)["problem"] for line in (REPO / study.TRAIN_FILE).read_text().splitlines()}
+    assert validation == test[200:400] and len(validation) == 200
+    problems = {row["problem"] for row in validation}
+    assert len(problems) == 200 and not problems & {row["problem"] for row in test[:200]} and not problems & train
+
+
+def test_seeds_are_unseen_and_the_plan_is_committed_beside_the_study():
+    assert not (set(study.CORE_SEEDS) | set(study.PORTABILITY_SEEDS) | set(pilot.PILOT_SEEDS)) & EARLIER_SEEDS
+    assert not set(pilot.PILOT_SEEDS) & set(study.CORE_SEEDS) and len(study.CORE_SEEDS) == 16
+    plan = (REPO / "studies/good_lr/good_lr_plan.md").read_text()
+    assert "committed before any run" in plan and "810–825" in plan and "800, 801" in plan
+    core = study.core_study(300)
+    core.check()  # every arm is a preset `erpo fit` accepts
+    assert core.full.validation == study.VALIDATION_FILE and core.full.sweep_every == 20
+    assert {a[a.index("--model.learning_rate") + 1] for a in core.arms.values()} == {"7e-05"}
+
+
+def test_no_main_run_before_the_pilot_set_the_length(monkeypatch):
+    monkeypatch.setattr(study, "STEPS", None)
+    with pytest.raises(SystemExit, match="run length is not set"):
+        study.main([])
