@@ -122,15 +122,26 @@ class Algorithm(LossSettings):
         )
 
     def _check_rollout_correction(self) -> None:
-        """ValueError unless the band [rollout_correction_floor, rollout_correction_cap] is a band of ratios:
-        cap > 0 (inf allowed), floor null or 0 <= floor < cap."""
+        """ValueError unless the band [rollout_correction_floor, rollout_correction_cap] holds ρ = 1, the ratio of a
+        token on which engine and trainer agree: cap >= 1 (inf allowed), floor null or 0 <= floor <= 1, below cap.
+
+        A band without 1 would clip (`tis`) or zero (`mis`) every token of a run whose engine matches its trainer,
+        leaving a `mis` run to train on Query-KL alone. verl writes the same upper bound as `rollout_is_threshold`
+        (and `rollout_rs_threshold`) and derives its lower one (`rollout_rs_threshold_lower`) as 1/threshold.
+        """
         cap, floor = self.rollout_correction_cap, self.rollout_correction_floor
-        if not cap > 0:  # NaN too
-            raise ValueError(f"model.rollout_correction_cap must be > 0 (inf: no upper end), got {cap}")
-        if floor is not None and not 0 <= floor < cap:
+        if not cap >= 1:  # NaN too
             raise ValueError(
-                f"model.rollout_correction_floor must be >= 0 and below rollout_correction_cap ({cap:g}), or null, "
-                f"got {floor}"
+                f"model.rollout_correction_cap must be >= 1 (.inf: no upper end), got {cap:g}: it is the upper bound "
+                "on the engine/trainer probability ratio ρ = π_old / μ of each sampled token, which is 1 where the two "
+                "agree, so a cap below 1 would clip (tis) or mask (mis) every token; verl's rollout_is_threshold is "
+                "this upper bound (2 in both), and verl's lower bound (rollout_rs_threshold_lower, 1/threshold when "
+                "unset) is model.rollout_correction_floor (null here: no lower end)"
+            )
+        if floor is not None and not (0 <= floor <= 1 and floor < cap):
+            raise ValueError(
+                f"model.rollout_correction_floor must be >= 0 and below rollout_correction_cap ({cap:g}), at most 1 "
+                f"(ρ = 1, engine and trainer agreeing, must lie in the band), or null, got {floor}"
             )
 
     @property

@@ -68,8 +68,8 @@ def test_off_by_default_in_every_preset_and_without_effect():
     [
         ({"rollout_correction": "ti"}, "model.rollout_correction: 'ti' is not one of none, tis, mis"),
         ({"rollout_correction_level": "row"}, "model.rollout_correction_level"),
-        ({"rollout_correction_cap": 0.0}, "model.rollout_correction_cap must be > 0"),
-        ({"rollout_correction_cap": math.nan}, "model.rollout_correction_cap must be > 0"),
+        ({"rollout_correction_cap": 0.0}, "model.rollout_correction_cap must be >= 1"),
+        ({"rollout_correction_cap": math.nan}, "model.rollout_correction_cap must be >= 1"),
         ({"rollout_correction_floor": 2.0}, "model.rollout_correction_floor must be >= 0 and below"),
         ({"rollout_correction_floor": -0.1}, "model.rollout_correction_floor must be >= 0 and below"),
     ],

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
@@ -34,7 +35,12 @@ from erpo_lightning.modules.lora_files import load_adapter_weights
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
 from erpo_lightning.modules.settings import Dtype, QueryKLScoring, check_module_settings, check_trainer_precision
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
-from erpo_lightning.modules.step_metrics import build_train_metrics, compute_and_reset, update_step_metrics
+from erpo_lightning.modules.step_metrics import (
+    SaturatedCorrection,
+    build_train_metrics,
+    compute_and_reset,
+    update_step_metrics,
+)
 from erpo_lightning.output_layer import fused_output_problem
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
 from erpo_lightning.update import (
@@ -168,6 +174,7 @@ class ERPOModule(L.LightningModule):
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
         self.zero_signal_skips = 0  # optimizer steps skipped by skip_zero_signal_steps
         self.train_metrics = build_train_metrics()
+        self.saturated_correction = SaturatedCorrection(self.algorithm)  # warns when no token is left in the band
         self._logged_train_metrics: set[str] = set()  # every `train/` name logged so far (see _log_train_metrics)
 
     # ----------------------------------------------------------------------------------------------- model set-up
@@ -384,6 +391,8 @@ class ERPOModule(L.LightningModule):
         logged = compute_and_reset(self.train_metrics)
         logged.update({name: float("nan") for name in self._logged_train_metrics - logged.keys()})
         self._logged_train_metrics |= logged.keys()
+        if (warning := self.saturated_correction.update(logged.get("train/rollout_is_capped_frac"))) is not None:
+            rank_zero_warn(warning)
         logged["train/skipped_steps"] = float(self.guard.skipped_steps)
         logged["train/zero_signal_skips"] = float(self.zero_signal_skips)
         logged["train/policy_version"] = float(self.policy_version)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torchmetrics import MaxMetric, MinMetric
 
-from erpo_lightning.objectives import LossStats, QueryDrift
+from erpo_lightning.objectives import LossSettings, LossStats, QueryDrift
 from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.update import LossRows, StepStats
 
@@ -15,6 +15,8 @@ TRAIN_METRICS = (
     "query_weight_max", "logprob_abs_diff", "grad_norm", "query_loglik_change", "rollout_is_ratio_mean",
     "rollout_is_ratio_min", "rollout_is_ratio_max", "rollout_is_capped_frac",
 )  # fmt: skip
+# Steps in a row with every response token outside the rollout correction's band before `SaturatedCorrection` warns.
+SATURATED_STEPS = 3
 
 
 def build_train_metrics() -> torch.nn.ModuleDict:
@@ -99,3 +101,43 @@ def compute_and_reset(metrics: torch.nn.ModuleDict) -> dict[str, torch.Tensor]:
             logged[f"train/{name}"] = metric.compute()
         metric.reset()
     return logged
+
+
+class SaturatedCorrection:
+    """Warns once when `train/rollout_is_capped_frac` is 1 for `steps` logged training steps in a row: every response
+    token's engine–trainer ratio ρ left [rollout_correction_floor, rollout_correction_cap], so under `mis` no
+    policy-gradient term is left (the run learns from Query-KL and Policy-KL alone) and under `tis` every token's
+    weight is a bound, not its ratio.
+
+    Args:
+        settings: the run's loss settings (their correction, level, cap and floor are named in the warning).
+        steps: consecutive saturated steps before the warning (SATURATED_STEPS).
+    """
+
+    def __init__(self, settings: LossSettings, steps: int = SATURATED_STEPS) -> None:
+        self.settings, self.steps = settings, steps
+        self.streak, self.warned = 0, False
+
+    def update(self, capped_frac: torch.Tensor | float | None) -> str | None:
+        """Add one step's `train/rollout_is_capped_frac` (a share of response tokens, or None when the correction
+        logged nothing); the warning text on the step that completes the first saturated run, else None."""
+        saturated = capped_frac is not None and float(capped_frac) >= 1.0
+        self.streak = self.streak + 1 if saturated else 0
+        if self.warned or self.streak < self.steps:
+            return None
+        self.warned = True
+        s = self.settings
+        floor = 0 if s.rollout_correction_floor is None else s.rollout_correction_floor
+        lost = (
+            "its policy-gradient terms are all zeroed (the run learns from Query-KL and Policy-KL alone)"
+            if s.rollout_correction == "mis"
+            else "every token's weight is the band's bound instead of its ratio"
+        )
+        return (
+            f"train/rollout_is_capped_frac has been 1.0 for {self.streak} steps in a row: every response token's "
+            f"engine/trainer ratio ρ left the band [{floor:g}, {s.rollout_correction_cap:g}] of "
+            f"model.rollout_correction {s.rollout_correction!r} (rollout_correction_level "
+            f"{s.rollout_correction_level!r}), so {lost}; train/rollout_is_ratio_mean shows where ρ lies: widen "
+            "model.rollout_correction_cap / rollout_correction_floor (a sequence-level ratio spreads wider than a "
+            "token's), or find why the rollout engine's log-probs differ from the trainer's (train/logprob_abs_diff)"
+        )

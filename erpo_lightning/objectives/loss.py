@@ -152,11 +152,13 @@ class LossSettings:
             counts in the aggregation's denominator (`objectives.rollout_correction_weights`, docs/erpo.md).
         rollout_correction_level: `token`: ρ of each token; `sequence`: one ρ per response, the product of its
             tokens' ratios (exp of the summed log-prob gap), on all its tokens, so `mis` drops whole responses.
-        rollout_correction_cap: the band's upper end C > 0 for `rollout_correction` (inf: no upper end). verl's
-            default is 2, TRL's 3; sequence ratios spread wider than token ones.
-        rollout_correction_floor: the band's lower end, 0 <= floor < cap (`mis` drops tokens whose ρ is below it,
-            `tis` raises their weight to it), or None: no lower end (TRL's default; 1/cap gives a band symmetric in
-            log ρ).
+        rollout_correction_cap: the band's upper end C >= 1 for `rollout_correction` (inf: no upper end): an upper
+            bound on ρ, which is 1 where engine and trainer agree, so a cap below 1 is refused. verl's
+            `rollout_is_threshold` (default 2) is this bound, TRL's default is 3; sequence ratios spread wider than
+            token ones.
+        rollout_correction_floor: the band's lower end, 0 <= floor <= 1 and below the cap (`mis` drops tokens whose
+            ρ is below it, `tis` raises their weight to it), or None: no lower end (TRL's default; 1/cap gives a band
+            symmetric in log ρ, verl's `rollout_rs_threshold_lower` when unset).
     """
 
     loss_aggregation: AggregationMode = "token_mean"
