@@ -6,6 +6,7 @@ with `overlong: drop`); with the strict settings it is an error that names the f
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from erpo_lightning.data.sources import DataError, Query, SourceSpec, describe, 
 from erpo_lightning.data.templates import PromptTemplate, tokenize_queries
 
 Overlong = Literal["drop", "error"]
+# A source losing more than this share of its valid rows to `max_prompt_length` is warned about, not only counted.
+OVERLONG_WARN_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,39 @@ def check_golds(data: PreparedQueries, reward: object) -> None:
     )
 
 
+def warn_overlong_sources(
+    queries: Sequence[Query],
+    prompt_ids: Sequence[Sequence[int]],
+    too_long: Sequence[int],
+    positions: Sequence[int],
+    specs: Sequence[SourceSpec],
+    max_prompt_length: int,
+) -> None:
+    """Warn, once per source, when prompts over `max_prompt_length` take more than `OVERLONG_WARN_SHARE` of the
+    source's valid rows: one info line is easy to miss when half a dataset is left out (a chat template can double a
+    prompt's length).
+
+    Args:
+        queries, prompt_ids: the valid queries of every source and their prompt token ids, in order.
+        too_long: indices into `queries` of the prompts over the limit.
+        positions: the position in `specs` (`data.train`) of each query's source.
+    """
+    loaded = Counter(positions)
+    dropped = Counter(positions[i] for i in too_long)
+    for position, count in sorted(dropped.items()):
+        if count <= OVERLONG_WARN_SHARE * loaded[position]:
+            continue
+        longest = max(len(prompt_ids[i]) for i in too_long if positions[i] == position)
+        warnings.warn(
+            f"data.train[{position}] ({describe(specs[position])}) lost {count} of its {loaded[position]} rows "
+            f"({count / loaded[position]:.0%}, more than {OVERLONG_WARN_SHARE:.0%}) to prompts longer than "
+            f"data.max_prompt_length={max_prompt_length} tokens (longest {longest}, template included): raise "
+            "data.max_prompt_length (the model's context must hold it plus rollout.max_new_tokens), shorten the "
+            "prompts, or set data.overlong: error to list them",
+            stacklevel=3,
+        )
+
+
 def prepare_queries(
     sources: Sequence[SourceSpec | dict],
     tokenizer: PreTrainedTokenizerBase,
@@ -180,6 +216,13 @@ def prepare_queries(
     if not sources:
         raise DataError("no training sources configured (data.train is empty)")
     specs = [resolve_spec(spec) for spec in sources]  # every source's settings are checked before any is read
+    for position, spec in enumerate(specs):
+        dataset = getattr(spec, "dataset", None)
+        if dataset is not None and dataset.num_rows == 0:  # unlabelled, it would be named only "dataset"
+            raise DataError(
+                f"data.train[{position}], the {describe(spec)} (a datasets.Dataset with columns "
+                f"{dataset.column_names}), has no rows: a source needs at least one row"
+            )
     columns = carried_columns(specs)
     weights = mixing_weights(specs)
     queries: list[Query] = []
@@ -207,6 +250,9 @@ def prepare_queries(
             f"(template {template.name!r} included):\n  {listed}\n"
             "Raise max_prompt_length, or set overlong: drop to leave them out (they are counted and reported)."
         )
+    warn_overlong_sources(
+        queries, prompt_ids, too_long, [origin[id(query)] for query in queries], specs, max_prompt_length
+    )
     keep = set(range(len(queries))) - set(too_long)
     kept = [q for i, q in enumerate(queries) if i in keep]
     prepared = PreparedQueries(

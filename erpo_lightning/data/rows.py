@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from erpo_lightning.data.files import DataError, RawRow
@@ -124,6 +125,50 @@ def _problem_of(value: object) -> tuple[str | None, tuple[dict, ...] | None, str
     return value, messages, None
 
 
+@dataclass(frozen=True)
+class ProblemKinds:
+    """How a source's problem column is filled: the rows holding text and those holding a valid conversation
+    (1-based row numbers; rows that could not be read, and malformed conversations, which are bad rows of their own,
+    left out). A column holds one kind: the rows of the other kind (the
+    fewer; text on a tie) are bad rows, since each kind is rendered with its own template."""
+
+    column: str
+    text_rows: frozenset[int] = frozenset()
+    conversation_rows: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, rows: list[RawRow], column: str) -> ProblemKinds:
+        cells = [(row.number, row.values.get(column)) for row in rows if row.error is None]
+        return cls(
+            column,
+            frozenset(number for number, cell in cells if isinstance(cell, str)),
+            frozenset(number for number, cell in cells if isinstance(cell, list) and conversation_issue(cell) is None),
+        )
+
+    def issue(self, row: RawRow) -> tuple[str, str, str] | None:
+        """The issue of `row` when its cell is of the column's minority kind, else None."""
+        if not self.text_rows or not self.conversation_rows:
+            return None
+        text_is_odd = len(self.text_rows) <= len(self.conversation_rows)
+        odd, usual = (
+            (self.text_rows, self.conversation_rows) if text_is_odd else (self.conversation_rows, self.text_rows)
+        )
+        if row.number not in odd:
+            return None
+        if text_is_odd:
+            what = "text, while"
+            usual_kind, fix = "conversations", "write it as a list of turns, [{role: user, content: ...}]"
+        else:
+            what = "a conversation, while"
+            usual_kind, fix = "text", "write it as the problem text"
+        detail = (
+            f"problem is {what} {len(usual)} other row(s) of column {self.column!r} hold {usual_kind} (first: row "
+            f"{min(usual)}); a column holds one kind, since text is rendered with the plain template and a "
+            f"conversation with the chat template: {fix}"
+        )
+        return self.column, "mixed problem kinds", detail
+
+
 def _gold_issue(raw_answer: object, spec: SourceSpec, answer_field: str | None):
     """(gold answer text, None), or (None, None) for a source without golds, or (None, issue) for an unusable one."""
     if answer_field is None:
@@ -137,15 +182,26 @@ def _gold_issue(raw_answer: object, spec: SourceSpec, answer_field: str | None):
     return answer, None
 
 
-def row_issue(row: RawRow, fields_: tuple[str, str | None, str | None], spec: SourceSpec, label: str, seen: dict):
+def row_issue(
+    row: RawRow,
+    fields_: tuple[str, str | None, str | None],
+    spec: SourceSpec,
+    label: str,
+    seen: dict,
+    kinds: ProblemKinds | None = None,
+):
     """((id, problem, answer, carried columns, messages), None) for a usable row, else (None, (field, reason counted
-    in the summary, detail))."""
+    in the summary, detail)). `kinds`: the source's problem column as a whole, which refuses a row of the kind
+    (text or conversation) its other rows are not."""
     if row.error is not None:
         return None, row.error
     problem_field, answer_field, id_field = fields_
     problem, messages, why = _problem_of(row.values.get(problem_field))
     if why is not None:
         return None, (problem_field, "bad problem", why)
+    mixed = kinds.issue(row) if kinds is not None else None
+    if mixed is not None:
+        return None, mixed
     answer, issue = _gold_issue(row.values.get(answer_field) if answer_field else None, spec, answer_field)
     if issue is not None:
         return None, issue

@@ -2,9 +2,10 @@
 
 Every source becomes a list of `Query` (stable id, problem text, gold answer, and the values of the extra `columns`
 it names, which the reward receives) after validation. A bad row (one that cannot be read: a JSON syntax error, bytes
-that are not UTF-8; a missing, empty or non-text problem/answer; a gold answer no response can ever match; a
-duplicate id; no value in a named column) is an error naming the file, row (and line) and field, or, with
-`skip_invalid`, a skipped row counted in a printed summary. Nothing is dropped silently.
+that are not UTF-8; a missing, empty or non-text problem/answer; a text problem among conversations in one column, or
+the reverse; a gold answer no response can ever match; a duplicate id; no value in a named column) is an error naming
+the file, row (and line) and field, or, with `skip_invalid`, a skipped row counted in a printed summary. Nothing is
+dropped silently; a source without rows is an error naming it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import datasets
 
 from erpo_lightning.data.files import DataError, RawRow, Table, read_local_file
-from erpo_lightning.data.rows import check_columns, row_issue
+from erpo_lightning.data.rows import ProblemKinds, check_columns, row_issue
 from erpo_lightning.rewards.protocol import RESERVED_NAMES
 
 LOCAL_FORMATS = (".csv", ".json", ".jsonl", ".parquet")  # `.json`: one JSON array, or JSON Lines
@@ -146,6 +147,12 @@ def resolve_spec(spec: SourceSpec | dict | datasets.Dataset) -> SourceSpec:
     registry defaults."""
     if isinstance(spec, datasets.Dataset):
         spec = DatasetSource(dataset=spec)
+    if isinstance(spec, (list, tuple)):
+        raise DataError(
+            f"a source is a mapping (name / path / hub_id, and its field map), a SourceSpec or, in Python, a "
+            f"datasets.Dataset; got a {type(spec).__name__} of {len(spec)} item(s): to train on rows held in memory, "
+            "pass datasets.Dataset.from_list(rows)"
+        )
     if isinstance(spec, dict):
         kind = DatasetSource if "dataset" in spec else SourceSpec
         unknown = set(spec) - {f.name for f in fields(kind)}
@@ -284,6 +291,9 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     spec = resolve_spec(spec)
     where = describe(spec)
     table = read_rows(spec)
+    if not table.rows:  # a file says so when it is read; an in-memory or Hub table, or `limit: 0`, here
+        why = f"limit: {spec.limit}" if spec.limit is not None and spec.limit < 1 else "it has 0 rows"
+        raise DataError(f"{where}: no rows to read ({why}); a source needs at least one row")
     fields_ = check_columns(table.columns, spec, where)
     label = spec.label or spec.name or (Path(spec.path).stem if spec.path else spec.hub_id) or "dataset"
 
@@ -291,8 +301,9 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     problems: list[str] = []
     skipped: Counter = Counter()
     first_row_of: dict[str, int] = {}
+    kinds = ProblemKinds.of(table.rows, fields_[0])
     for row in table.rows:
-        found, issue = row_issue(row, fields_, spec, label, first_row_of)
+        found, issue = row_issue(row, fields_, spec, label, first_row_of, kinds)
         if issue is not None:
             field_name = f", field {issue[0]!r}" if issue[0] is not None else ""
             problems.append(f"{where} {row.position}{field_name}: {issue[2]}")
