@@ -75,9 +75,9 @@ class Algorithm(LossSettings):
             value, choices = getattr(self, field.name), typing.get_args(hints[field.name])
             if typing.get_origin(hints[field.name]) is Literal and value not in choices:
                 raise ValueError(f"model.{field.name}: {value!r} is not one of {', '.join(map(str, choices))}")
-        if self.clip_low < 0 or (self.clip_high is not None and self.clip_high < 0):
+        if not self.clip_low >= 0 or (self.clip_high is not None and not self.clip_high >= 0):  # NaN too
             raise ValueError(f"model.clip_low / clip_high must be >= 0, got {self.clip_low} / {self.clip_high}")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"model.dual_clip must be > 1 (a multiple of -A), got {self.dual_clip}")
         if self.kl_clamp_mode != "none" and not self.kl_clamp > 0:
             raise ValueError(
@@ -88,7 +88,7 @@ class Algorithm(LossSettings):
                 "model.query_kl_aggregation 'like_pg' aggregates per-token values like the PG loss: it needs "
                 f"model.query_kl_estimator 'token_k3', got {self.query_kl_estimator!r}"
             )
-        if min(self.query_kl_coef, self.policy_kl_coef, self.weight_decay) < 0:
+        if not all(value >= 0 for value in (self.query_kl_coef, self.policy_kl_coef, self.weight_decay)):
             raise ValueError("model.query_kl_coef, policy_kl_coef and weight_decay must be >= 0")
         self._check_query_kl_tolerance()
         self._check_rollout_correction()

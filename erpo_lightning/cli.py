@@ -100,6 +100,7 @@ try:
         use_converted_gguf,
     )
     from erpo_lightning.cli_messages import (  # noqa: E402
+        non_number_line,
         option_strings,
         unknown_flag_line,
         unknown_group_key_line,
@@ -147,6 +148,7 @@ class ERPOArgumentParser(LightningArgumentParser):
             or parser_unknown_key_line(message)  # a source's keys: before the generic group and class lines
             or unknown_group_key_line(message, option_strings(self))
             or unknown_option_line(message)
+            or non_number_line(message)
             or parser_error_line(message)
         )
         raise SettingsError(with_newcomer_hint(line))

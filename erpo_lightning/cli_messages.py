@@ -79,6 +79,62 @@ def unknown_option_line(message: str) -> str | None:
     return f"{where}{owner_name['owner']} takes no option {found['option']!r}{hint}; options: {', '.join(names)}"
 
 
+_EXPECTED_TYPE = re.compile(r"Expected a <class '(\w+)'>")
+_GIVEN_VALUE = re.compile(r"(?:Got|Given) value: (?P<value>.*)$")
+
+
+def non_number_line(message: str) -> str | None:
+    """One line for a number setting given text (`--model.rollout_correction_cap nan`), instead of jsonargparse's
+    paragraph on every member of the field's union; None for another message.
+
+    A value Python reads as a float (`nan`, `inf`) is put to the field's owner, whose refusal names the allowed
+    values (`owner_refusal`); one the owner takes (`inf` where there is no upper end) is written `.inf` in YAML.
+    """
+    text = " ".join(message.split())
+    key, value = re.search(r'Parser key "([^"]+)":', text), _GIVEN_VALUE.search(text)
+    expected = set(_EXPECTED_TYPE.findall(text))
+    if key is None or value is None or not expected & {"float", "int"} or not expected <= {"float", "int", "NoneType"}:
+        return None
+    field, given = key.group(1), value["value"].strip()
+    refusal = owner_refusal(field, given) if "float" in expected else None
+    if refusal is not None:
+        return refusal
+    allowed = ("a number" if "float" in expected else "a whole number") + (" or null" if "NoneType" in expected else "")
+    if "float" in expected and given.lower().lstrip("+-") in ("inf", "infinity"):
+        return f"{field}: {given!r} is read as text; YAML writes infinity as .inf (and -.inf): give {allowed}"
+    nan = " (NaN is never a valid setting)" if given.lower() == "nan" else ""
+    return f"{field}: {given!r} is not a number{nan}; give {allowed}"
+
+
+def owner_refusal(field: str, given: str) -> str | None:
+    """The refusal of `given` read as a float (`nan`, `inf`, `1e9`) by the check that owns `field` (`model.`,
+    `rollout.` or `data.` settings: `check_module_settings`, `algorithms.Algorithm`, `check_rollout_settings`,
+    `check_data_settings`), which names the field and its allowed values; None when `given` is no float or the
+    owner takes it."""
+    from erpo_lightning.algorithms import Algorithm
+    from erpo_lightning.callbacks.rollout import check_rollout_settings
+    from erpo_lightning.data.datamodule import check_data_settings
+    from erpo_lightning.modules.settings import check_module_settings
+
+    group, _, name = field.partition(".")
+    try:
+        value = float(given)
+    except ValueError:
+        return None
+    try:
+        if group == "model" and name in {f.name for f in dataclasses.fields(Algorithm)}:
+            Algorithm(**{name: value})
+        elif group == "model":
+            check_module_settings({name: value})
+        elif group == "rollout":
+            check_rollout_settings({name: value})
+        elif group == "data":
+            check_data_settings({name: value})
+    except (ValueError, TypeError) as error:
+        return " ".join(str(error).split()) if str(error).startswith(field) else None
+    return None
+
+
 # Packages of this project's environment: a missing module among them is a broken install, not a user's module.
 _INSTALLED_TOP_LEVEL = {"erpo_lightning", "lightning", "torch", "transformers", "vllm", "peft", "datasets"}
 

@@ -190,7 +190,7 @@ def test_gradient_clip_norm_null_is_off_and_the_module_checks_its_own_settings(c
             "--model.loss_aggregation", "tokn_mean", "model.loss_aggregation: 'tokn_mean' is not one of token_mean, "
             "seq_mean_token_mean, seq_mean_token_sum, seq_sum_constant (or null); did you mean 'token_mean'?",
         ),
-        ("--trainer.max_steps", "abc", "trainer.max_steps: Expected a <class 'int'>. Got value: abc"),
+        ("--trainer.max_steps", "abc", "trainer.max_steps: 'abc' is not a number; give a whole number"),
     ],
 )  # fmt: skip
 def test_a_parse_error_is_one_line_not_the_usage(config, capsys, flag, value, expected):

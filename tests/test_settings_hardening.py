@@ -12,6 +12,7 @@ import torch
 from helpers.cli_runs import fails_in_one_line, tiny_config
 
 from erpo_lightning.algorithms import Algorithm
+from erpo_lightning.cli import main
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.step_metrics import (
     SATURATED_STEPS,
@@ -96,3 +97,34 @@ def test_every_token_outside_the_band_for_three_steps_warns_once():
     # No correction logged (None) or a step without the metric (NaN) is not saturation.
     quiet = SaturatedCorrection(settings)
     assert [quiet.update(value) for value in (None, float("nan"), None, outside, outside)] == [None] * 5
+
+
+# ------------------------------------------------------------------------ item 2: text for a number, in one line
+def test_nan_for_the_cap_is_one_line_naming_the_field_and_its_values(capsys, config):
+    line = fails_in_one_line(capsys, "fit", "--config", config, "--model.rollout_correction_cap", "nan")
+    assert line.startswith("erpo: error: model.rollout_correction_cap must be >= 1 (.inf: no upper end), got nan")
+    assert "Union subtypes" not in line
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--model.rollout_correction_cap", "inf", "model.rollout_correction_cap: 'inf' is read as text; YAML writes "
+         "infinity as .inf (and -.inf): give a number or null"),
+        ("--model.clip_low", "abc", "model.clip_low: 'abc' is not a number; give a number or null"),
+        ("--model.micro_batch_tokens", "nan", "model.micro_batch_tokens: 'nan' is not a number (NaN is never a valid "
+         "setting); give a whole number"),
+        ("--model.dual_clip", "nan", "model.dual_clip must be > 1 (a multiple of -A), got nan"),
+        ("--rollout.temperature", "nan", "rollout.temperature must be > 0 and finite"),
+    ],
+)  # fmt: skip
+def test_text_for_a_number_names_the_field_and_what_it_takes(capsys, config, flag, value, expected):
+    line = fails_in_one_line(capsys, "fit", "--config", config, flag, value, "--print_config")
+    assert line.startswith(f"erpo: error: {expected}") and "Union subtypes" not in line
+
+
+def test_yaml_infinity_is_still_a_cap(capsys, config):
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", config, "--model.rollout_correction_cap", ".inf", "--print_config"])
+    assert exited.value.code in (0, None)
+    assert "rollout_correction_cap: .inf" in capsys.readouterr().out
