@@ -25,7 +25,7 @@ from erpo_lightning.errors import SettingsError
 from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.gguf import is_gguf, resolve_model_path
 from erpo_lightning.modules.lora import adapter_parameters_before_loading
-from erpo_lightning.modules.settings import check_module_settings, check_trainer_precision
+from erpo_lightning.modules.settings import check_module_settings, check_scoring_cache_engine, check_trainer_precision
 from erpo_lightning.objectives import check_group_size
 from erpo_lightning.resume_config import check_checkpoint_model
 
@@ -218,6 +218,7 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
         if subcommand == "fit":  # what RolloutCallback.setup checks against the module's algorithm
             check_group_size(algorithm.advantage_estimator, config.rollout.group_size)
+            check_scoring_cache_engine(model.get("query_kl_scoring"), config.data.get("cache_engine"))
             adapters = adapter_parameters_before_loading(
                 model.get("peft"), str(model.model_path), bool(model.get("trust_remote_code"))
             )

@@ -14,6 +14,7 @@ from helpers.cli_runs import fails_in_one_line, tiny_config
 from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.cli import main
 from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.modules.settings import check_scoring_cache_engine
 from erpo_lightning.modules.step_metrics import (
     SATURATED_STEPS,
     SaturatedCorrection,
@@ -128,3 +129,20 @@ def test_yaml_infinity_is_still_a_cap(capsys, config):
         main(["fit", "--config", config, "--model.rollout_correction_cap", ".inf", "--print_config"])
     assert exited.value.code in (0, None)
     assert "rollout_correction_cap: .inf" in capsys.readouterr().out
+
+
+# ------------------------------------------------- item 3: scoring that needs the cache's layout, refused up front
+@pytest.mark.parametrize("scoring", ["shared_prompt", "exact"])
+def test_layout_scoring_with_a_vllm_cache_is_refused_before_the_cache(capsys, tmp_path, config, scoring):
+    line = fails_in_one_line(
+        capsys, "fit", "--config", config, "--model.query_kl_scoring", scoring, "--data.cache_engine", "vllm"
+    )
+    assert line == (
+        f"erpo: error: model.query_kl_scoring {scoring!r} cannot be used with data.cache_engine 'vllm': it scores "
+        "each query in the layout the reference cache was computed in, to equal it bit for bit, and vLLM's "
+        "prompt_logprobs have no such layout (they match to about 1e-6); set data.cache_engine transformers, or "
+        "model.query_kl_scoring shared_forward"
+    )
+    assert not (tmp_path / "cache").exists()  # refused before the reference cache was started
+    check_scoring_cache_engine("shared_forward", "vllm")  # the scoring that tolerates vLLM's rounding is let through
+    check_scoring_cache_engine(scoring, "transformers")

@@ -91,6 +91,23 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         )
 
 
+def check_scoring_cache_engine(query_kl_scoring: str, cache_engine: str) -> None:
+    """ValueError naming `model.query_kl_scoring` and `data.cache_engine` as given when the step's Query-KL scoring
+    needs the reference scores' layout and the cache engine records none.
+
+    `exact` and `shared_prompt` score each query in the layout the reference cache was computed in, to equal it bit
+    for bit at θ0; vLLM's `prompt_logprobs` (cache_engine `vllm`) have no such layout and match only to about 1e-6,
+    which `shared_forward`'s tolerance absorbs. Checked before the cache is built, not when the first step needs it.
+    """
+    if cache_engine == "vllm" and query_kl_scoring in ("exact", "shared_prompt"):
+        raise ValueError(
+            f"model.query_kl_scoring {query_kl_scoring!r} cannot be used with data.cache_engine 'vllm': it scores each "
+            "query in the layout the reference cache was computed in, to equal it bit for bit, and vLLM's "
+            "prompt_logprobs have no such layout (they match to about 1e-6); set data.cache_engine transformers, or "
+            "model.query_kl_scoring shared_forward"
+        )
+
+
 def check_fusable_before_loading(model_path: str | None, trust_remote_code: bool = False) -> None:
     """ValueError naming `model.fused_output_layer` when the skeleton of `model_path` (`lora.model_skeleton`: its
     config.json, no weights) cannot fuse its output layer (`output_layer.fused_output_problem`). Not checked without
