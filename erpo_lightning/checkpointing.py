@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
+import sys
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -361,12 +363,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint file's contents, memory-mapped on the CPU (tensors are not read until used); for a sharded
     (FSDP2) checkpoint folder, everything but its tensors (its `meta.pt`; {} without one).
 
-    What is and is not detected (issue 54 item 7): an empty file, a file that is not torch's zip archive (random
+    What is and is not detected here (issue 54 item 7): an empty file, a file that is not torch's zip archive (random
     bytes, another format), an archive cut short (its directory, written last, missing) and a damaged pickle or
     record table (torch fails to load it) are each a CheckpointReadError naming the file. A changed byte inside a
-    tensor's data is NOT detected: the archive's per-record CRC-32 is not checked when torch loads (memory-mapped or
-    not), so the weights load with the changed value, and `erpo export` or a resume would carry it (tested 2026-12-06,
-    torch 2.13: one flipped byte in a 100,000-float tensor loads as one changed value).
+    tensor's data is not detected by torch (the archive's per-record CRC-32 is not checked when it loads, memory-mapped
+    or not); the tensor digest an ERPOModule checkpoint carries is (`check_tensor_digest`, which the readers of the
+    weights run: resume, `erpo validate`, `erpo export`).
 
     Raises:
         CheckpointReadError: naming the file, when it is empty, not a torch archive, cut short, or does not load
@@ -385,3 +387,92 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     except Exception as error:  # torch's messages (a pickle error, a bad record) do not name the file
         cause = " ".join(str(error).split()) or type(error).__name__
         raise CheckpointReadError(f"checkpoint {path} cannot be read ({type(error).__name__}: {cause})") from error
+
+
+# The checkpoint entry holding the sha256 of each tensor of its state dict, written by `ERPOModule.on_save_checkpoint`:
+# {"algorithm": "sha256", "tensors": {state-dict name: hex digest}}.
+DIGEST_KEY = "erpo_tensor_digest"
+DIGEST_ADVICE = (
+    "if its weights were changed on purpose (a script that edits a checkpoint), record their new digest with "
+    "erpo_lightning.checkpointing.add_tensor_digest(checkpoint) before torch.save"
+)
+
+
+class CheckpointDigestError(CheckpointReadError):
+    """A checkpoint tensor whose bytes do not hash to the digest recorded when the checkpoint was saved."""
+
+
+def tensor_sha256(tensor: torch.Tensor) -> str:
+    """sha256 (hex) of a tensor's dtype, shape and bytes in row-major order (a view hashes as its own values, not its
+    storage's). A tensor on an accelerator is copied to the CPU first."""
+    local = tensor.detach()
+    digest = hashlib.sha256(f"{local.dtype}|{tuple(local.shape)}|".encode())
+    if local.numel() > 0:
+        digest.update(local.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def tensor_digest(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The digest entry of a checkpoint's `state` (its state dict): the sha256 of each tensor by name (other values
+    are not hashed); None when a tensor is a DTensor shard (FSDP2's sharded checkpoints, whose shards no process holds
+    whole: not digested)."""
+    tensors = {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
+    if any(hasattr(value, "to_local") for value in tensors.values()):
+        return None
+    return {"algorithm": "sha256", "tensors": {name: tensor_sha256(value) for name, value in tensors.items()}}
+
+
+def add_tensor_digest(checkpoint: dict[str, Any]) -> None:
+    """Record the digest of `checkpoint["state_dict"]` in `checkpoint` (DIGEST_KEY), as a save does; nothing for a
+    sharded state dict (`tensor_digest`)."""
+    digest = tensor_digest(checkpoint.get("state_dict") or {})
+    if digest is not None:
+        checkpoint[DIGEST_KEY] = digest
+
+
+def check_tensor_digest(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Refuse a checkpoint whose tensors do not hash to the digest recorded when it was saved (a byte changed on disk
+    or in a copy), naming the file and the first tensor that differs (state-dict order). Every tensor is read once.
+
+    A checkpoint with tensors and no digest (written before the digest was recorded, or not by an ERPOModule) loads
+    unchecked, with a warning line naming the file; one without a state dict (a sharded checkpoint's metadata) has
+    nothing to check.
+
+    Raises:
+        CheckpointDigestError: a tensor's sha256 differs, or a digested tensor is missing from the file.
+    """
+    state = checkpoint.get("state_dict") or {}
+    record = checkpoint.get(DIGEST_KEY)
+    if record is None:
+        if any(isinstance(value, torch.Tensor) for value in state.values()):
+            print(
+                f"[erpo] warning: checkpoint {path} carries no digest of its tensors (written before erpo-lightning "
+                "recorded one, or not by an ERPOModule): its weights are loaded unchecked",
+                file=sys.stderr,
+                flush=True,
+            )
+        return
+    expected = record.get("tensors") if isinstance(record, dict) else None
+    if not isinstance(expected, dict) or record.get("algorithm") != "sha256":
+        raise CheckpointDigestError(f"checkpoint {path}: its tensor digest is not a sha256 record this version reads")
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if name not in expected:
+            raise CheckpointDigestError(
+                f"checkpoint {path} holds the tensor {name}, which its digest (recorded when it was saved) does not "
+                f"list: the file was changed after it was written; {DIGEST_ADVICE}"
+            )
+        if tensor_sha256(value) != expected[name]:
+            raise CheckpointDigestError(
+                f"checkpoint {path} is damaged: its tensor {name} ({str(value.dtype).removeprefix('torch.')}, "
+                f"{list(value.shape)}) does not hash to the sha256 recorded when it was saved (the file changed after "
+                f"it was written: a bad disk or copy); {RESUME_ADVICE}; {DIGEST_ADVICE}"
+            )
+    missing = [name for name in expected if name not in state]
+    if missing:
+        raise CheckpointDigestError(
+            f"checkpoint {path} lacks the tensor {missing[0]}"
+            f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, which its digest (recorded when it was "
+            f"saved) lists: the file was changed after it was written; {DIGEST_ADVICE}"
+        )

@@ -12,6 +12,7 @@ from helpers.fit_configs import run_erpo
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.callbacks.export import export_policy
+from erpo_lightning.checkpointing import add_tensor_digest
 from erpo_lightning.errors import SettingsError
 from erpo_lightning.export import export_checkpoint
 from erpo_lightning.logprobs import sequence_logprobs
@@ -30,6 +31,7 @@ def trained_checkpoint(healthy_toy_run, tmp_path_factory) -> Path:
     for name, value in checkpoint["state_dict"].items():
         if name.startswith("policy.") and value.is_floating_point():
             value.add_(0.05 * torch.randn(value.shape, generator=generator, dtype=value.dtype))
+    add_tensor_digest(checkpoint)  # the weights were changed on purpose: their digest with them
     torch.save(checkpoint, path)
     return path
 

@@ -2,16 +2,21 @@
 
 `save_module_state` runs in `on_save_checkpoint`: it keeps only the LoRA adapters' weights when
 `model.peft.checkpoint` is `adapters`, refuses (ValueError naming the weight) a checkpoint with a NaN or infinite
-weight, and adds the `erpo` entry: the optimizer-step counters, the non-finite guard's counts and every RNG state,
-so a resumed run continues where it stopped. `load_module_state` runs in `on_load_checkpoint` and undoes both.
+weight, records the sha256 of every tensor of the state dict (`checkpointing.DIGEST_KEY`; not for FSDP2's sharded
+state dicts), and adds the `erpo` entry: the optimizer-step counters, the non-finite guard's counts and every RNG
+state, so a resumed run continues where it stopped. `load_module_state` runs in `on_load_checkpoint`: it refuses a
+checkpoint whose tensors no longer hash as recorded (`checkpointing.check_tensor_digest`, naming the file and the
+tensor) before any weight is loaded, and undoes the rest.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from erpo_lightning.checkpointing import add_tensor_digest, check_tensor_digest
 from erpo_lightning.modules.lora_files import (
     check_adapters_base,
     fill_frozen_weights,
@@ -32,6 +37,7 @@ def save_module_state(module: ERPOModule, checkpoint: dict) -> None:
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor shard under FSDP2
         if torch.is_floating_point(local) and not torch.isfinite(local).all():
             raise ValueError(f"refusing to write a checkpoint whose weight {name} is not finite (NaN/inf)")
+    add_tensor_digest(checkpoint)  # last: the state dict is final here
     checkpoint["erpo"] = {
         "policy_version": module.policy_version,
         "zero_signal_skips": module.zero_signal_skips,
@@ -43,10 +49,14 @@ def save_module_state(module: ERPOModule, checkpoint: dict) -> None:
 
 
 def load_module_state(module: ERPOModule, checkpoint: dict) -> None:
-    """Restore `module`'s counters and the RNG states from `checkpoint` (as loaded, before its weights are). An
+    """Check the tensors of `checkpoint` against their recorded digest (CheckpointDigestError naming the file and the
+    first tensor that differs; a line of warning when there is none), then restore `module`'s counters and the RNG
+    states from it (as loaded, before its weights are). An
     adapters-only checkpoint is checked against the base model just loaded from `model_path` (same weight files) and
     completed with its frozen weights, which the strict load then leaves as they are."""
     where = str(module.trainer.ckpt_path) if module._trainer is not None else "the checkpoint"
+    if not (module._trainer is not None and module.trainer.ckpt_path and Path(module.trainer.ckpt_path).is_dir()):
+        check_tensor_digest(checkpoint, where)  # a sharded folder's tensors are loaded apart from this dict
     if check_adapters_base(checkpoint, module.hparams.model_path, where):
         fill_frozen_weights(checkpoint["state_dict"], module.state_dict(), trainable_state_names(module))
     state = checkpoint.get("erpo", {})
