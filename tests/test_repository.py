@@ -170,3 +170,11 @@ def test_the_wheel_carries_the_package_data(tmp_path):
     assert research == [], f"the wheel ships research or test files: {research[:10]}"
     metadata = next(n for n in names if n.endswith("METADATA"))
     assert "erpo-lightning" in zipfile.ZipFile(wheel).read(metadata).decode()
+
+
+def test_no_lock_file_is_tracked_under_studies():
+    """A committed run is its logs and results; the lock files a run leaves beside them are noise (.gitignore keeps
+    them out, and this test catches one added with `git add -f`)."""
+    tracked = subprocess.run(["git", "ls-files", "studies"], cwd=REPO, capture_output=True, text=True, check=True)
+    locks = [path for path in tracked.stdout.splitlines() if path.endswith(".lock")]
+    assert not locks, f"{len(locks)} lock files tracked under studies/, e.g. {locks[:3]}"
