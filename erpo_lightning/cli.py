@@ -105,6 +105,7 @@ try:
         unknown_flag_line,
         unknown_group_key_line,
         unknown_option_line,
+        unknown_subcommand_key_line,
         with_newcomer_hint,
     )
     from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
@@ -147,6 +148,7 @@ class ERPOArgumentParser(LightningArgumentParser):
             unknown_flag_line(message, option_strings(self))
             or parser_unknown_key_line(message)  # a source's keys: before the generic group and class lines
             or unknown_group_key_line(message, option_strings(self))
+            or unknown_subcommand_key_line(message, self)
             or unknown_option_line(message)
             or non_number_line(message)
             or parser_error_line(message)
@@ -260,10 +262,13 @@ class ERPOCLI(LightningCLI):
         parsers = getattr(self, "_subcommand_parsers", {})  # none with run=False: one parser, no subcommand
         subcommand = next((arg for arg in args if arg in parsers), None)
         if subcommand is not None:
-            known = {action.dest.split(".")[0] for action in parsers[subcommand]._actions}
+            top_level = {name: {action.dest.split(".")[0] for action in p._actions} for name, p in parsers.items()}
+            known = top_level[subcommand]
+            # A key only another subcommand takes (validate's `sweep`) is said to be that subcommand's.
+            elsewhere = {key: name for name, keys in top_level.items() for key in keys - known}
             for path in config_files(args[args.index(subcommand) + 1 :]):
                 check_repeated_keys(path)
-                check_top_level_keys(path, known)
+                check_top_level_keys(path, known, subcommand, elsewhere)
             check_moved_keys(args[args.index(subcommand) + 1 :])
         # Validated after the loggers are placed: a logger left without a save_dir is valid once it follows the root.
         self.config = parser.parse_args(replacing_lists(joined_negative_numbers(args)), _skip_validation=True)

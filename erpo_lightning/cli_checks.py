@@ -85,8 +85,11 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def check_top_level_keys(path: str, known: set[str]) -> None:
-    """A SettingsError naming a top-level key of the config file `path` that the parser does not know."""
+def check_top_level_keys(
+    path: str, known: set[str], subcommand: str | None = None, elsewhere: dict[str, str] | None = None
+) -> None:
+    """A SettingsError naming a top-level key of the config file `path` that the parser does not know; one that
+    another subcommand takes (`elsewhere`: key -> that subcommand, e.g. `sweep` -> validate) is said to be its."""
     try:
         content = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
@@ -94,10 +97,17 @@ def check_top_level_keys(path: str, known: set[str]) -> None:
     if not isinstance(content, dict):
         return
     for key in content:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
-            raise SettingsError(f"{path}: unknown top-level key '{key}'; {hint}")
+        if key in known:
+            continue
+        owner = (elsewhere or {}).get(key)
+        if owner is not None:
+            raise SettingsError(
+                f"{path}: top-level key '{key}' is a setting of `erpo {owner}`, not of `erpo {subcommand}`: run "
+                f"`erpo {owner} --config <the run's config> --config {path}`, or remove '{key}:' from the file"
+            )
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
+        raise SettingsError(f"{path}: unknown top-level key '{key}'; {hint}")
 
 
 def repeated_key(node: yaml.Node, prefix: str = "") -> tuple[str, int, int] | None:

@@ -54,6 +54,34 @@ def unknown_group_key_line(message: str, known: list[str]) -> str | None:
     return f"{found['group']}: unknown key {found['key']!r}{hint}; `erpo <subcommand> --help` lists every option"
 
 
+_SUBCOMMAND_KEY = re.compile(r"Subcommand '(?P<subcommand>[\w-]+)' does not accept option '(?P<key>[^']+)'")
+
+
+def unknown_subcommand_key_line(message: str, parser: argparse.ArgumentParser) -> str | None:
+    """jsonargparse's `Subcommand 'fit' does not accept option 'model.learning_rat'` (a misspelt nested key of a config
+    file, found when the whole config is validated) with the closest key: first among the keys of the same group
+    (`model.`), then among all of the subcommand's; None for another message."""
+    found = _SUBCOMMAND_KEY.search(message)
+    if found is None:
+        return None
+    subcommand, key = found["subcommand"], found["key"]
+    subparsers = [
+        action.choices[subcommand]
+        for action in parser._actions
+        if isinstance(getattr(action, "choices", None), dict) and subcommand in action.choices
+    ]
+    keys = sorted({flag.removeprefix("--") for flag in option_strings(subparsers[0] if subparsers else parser)})
+    group, _, leaf = key.rpartition(".")
+    siblings = [name.removeprefix(f"{group}.") for name in keys if group and name.startswith(f"{group}.")]
+    close = difflib.get_close_matches(leaf, siblings, n=1) if siblings else []
+    where, name = (group, leaf) if close else ("", key)
+    if not close:
+        close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    prefix = f"{where}: unknown key" if where else "unknown key"
+    return f"{prefix} {name!r}{hint}; `erpo {subcommand} --help` lists every option"
+
+
 _CLASS_OPTION = re.compile(r"Option '(?P<option>[^']+)' is not accepted")
 # jsonargparse names the class as `class_path 'x.Y':` in a union's errors, as `class_path='x.Y'` in the given value.
 _CLASS_PATH = re.compile(r"class_path\s?[=]?\s?'(?P<owner>[\w.]+)'")

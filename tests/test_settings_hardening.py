@@ -6,9 +6,11 @@ the settings check, before the datamodule or the model is built (`helpers.cli_ru
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers.cli_runs import fails_in_one_line, tiny_config
 
 from erpo_lightning.algorithms import Algorithm
@@ -25,6 +27,7 @@ from erpo_lightning.modules.step_metrics import (
 from erpo_lightning.objectives import rollout_correction_weights
 from erpo_lightning.toy import SHIPPED_DIR
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CAP_MEANING = "it is the upper bound on the engine/trainer probability ratio"
 
 
@@ -146,3 +149,33 @@ def test_layout_scoring_with_a_vllm_cache_is_refused_before_the_cache(capsys, tm
     assert not (tmp_path / "cache").exists()  # refused before the reference cache was started
     check_scoring_cache_engine("shared_forward", "vllm")  # the scoring that tolerates vLLM's rounding is let through
     check_scoring_cache_engine(scoring, "transformers")
+
+
+# ------------------------------------------------------------ item 4: a misspelt nested key, a key of validate's
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ({"model": {"learning_rat": 1e-4}}, "model: unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
+        ({"rollout": {"grop_size": 8}}, "rollout: unknown key 'grop_size' (did you mean 'group_size'?)"),
+        ({"data": {"max_prompt_lenght": 8}}, "data: unknown key 'max_prompt_lenght' (did you mean "
+         "'max_prompt_length'?)"),
+        ({"rollout": {"sampling": {"top_pp": 1}}}, "unknown key 'rollout.sampling.top_pp' (did you mean "
+         "'rollout.top_p'?)"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_nested_yaml_key_names_the_closest_one(capsys, tmp_path, config, section, expected):
+    """Found when the whole config is validated (no --print_config): jsonargparse's "Subcommand 'fit' does not accept
+    option 'model.learning_rat'" named no valid key."""
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(section))
+    line = fails_in_one_line(capsys, "fit", "--config", config, "--config", str(typo))
+    assert line == f"erpo: error: {expected}; `erpo fit --help` lists every option"
+
+
+def test_a_sweep_given_to_fit_is_said_to_be_validates(capsys):
+    sweep = str(CONFIGS / "quickstart_sweep.yaml")
+    line = fails_in_one_line(capsys, "fit", "--config", sweep)
+    assert line == (
+        f"erpo: error: {sweep}: top-level key 'sweep' is a setting of `erpo validate`, not of `erpo fit`: run "
+        f"`erpo validate --config <the run's config> --config {sweep}`, or remove 'sweep:' from the file"
+    )
