@@ -32,7 +32,8 @@ from erpo_lightning.objectives import (
 )
 
 AlgorithmName = Literal[
-    "erpo", "erpo_released", "grpo", "grpo_kl", "dapo", "dapo_erpo", "rloo", "rloo_erpo", "dr_grpo", "reinforce"
+    "erpo", "erpo_released", "grpo", "grpo_kl", "dapo", "dapo_erpo", "rloo", "rloo_erpo", "dr_grpo", "reinforce",
+    "gspo", "gspo_erpo", "cispo", "cispo_erpo",
 ]
 # `model.query_weight_clip: none` turns the clip off (null keeps the preset's, like every other override).
 NO_CLIP = "none"
@@ -92,6 +93,7 @@ class Algorithm(LossSettings):
             raise ValueError("model.query_kl_coef, policy_kl_coef and weight_decay must be >= 0")
         self._check_query_kl_tolerance()
         self._check_rollout_correction()
+        self._check_loss_menu()
         if not self.advantage_eps >= 0:
             raise ValueError(f"model.advantage_eps must be >= 0, got {self.advantage_eps}")
         if self.query_weight_source == "current" and self.query_weight_norm == "dataset":
@@ -199,6 +201,12 @@ ALGORITHMS: dict[str, Algorithm] = {
     "rloo_erpo": replace(_ERPO, advantage_estimator="rloo"),  # extends `erpo` (the paper's form)
     "dr_grpo": replace(_NO_REGULARISER, advantage_estimator="dr_grpo", loss_aggregation="seq_sum_constant"),
     "reinforce": replace(_NO_REGULARISER, advantage_estimator="reinforce"),
+    # GSPO (arXiv 2507.18071): the length-normalised sequence ratio, clipped at 3e-4 / 4e-4, averaged per response.
+    "gspo": replace(_NO_REGULARISER, ratio_level="sequence", loss_aggregation="seq_mean_token_mean"),
+    "gspo_erpo": replace(_ERPO, ratio_level="sequence", loss_aggregation="seq_mean_token_mean"),  # extends `erpo`
+    # CISPO (MiniMax-M1, arXiv 2506.13585): the truncated stop-gradient weight on -A·log π, a token mean.
+    "cispo": replace(_NO_REGULARISER, policy_loss="cispo"),
+    "cispo_erpo": replace(_ERPO, policy_loss="cispo"),  # extends `erpo` (the paper's form)
 }
 assert set(ALGORITHMS) == set(typing.get_args(AlgorithmName)), "AlgorithmName must list every preset"
 

@@ -59,10 +59,11 @@ class ERPOModule(L.LightningModule):
     Args:
         model_path: local directory or Hub id of the initial policy (also the frozen reference θ0).
         algorithm: preset name (`erpo` (the paper), `erpo_released` (the authors' code), `grpo`, `grpo_kl`, `dapo`,
-            `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`). The keyword arguments named like the fields of
-            `algorithms.Algorithm` (`advantage_estimator` to `rollout_correction_floor`, and `weight_decay`) replace
-            single fields of the preset (None = keep); their entries, after the others, are the fields' own
-            docstrings (`algorithms.loss_setting_args_doc`). Every choice is checked here, before any model is loaded.
+            `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`, `gspo`, `gspo_erpo`, `cispo`, `cispo_erpo`). The
+            keyword arguments named like the fields of `algorithms.Algorithm` (`advantage_estimator` to
+            `entropy_top_fraction`, and `weight_decay`) replace single fields of the preset (None = keep); their
+            entries, after the others, are the fields' own docstrings (`algorithms.loss_setting_args_doc`). Every
+            choice is checked here, before any model is loaded.
         num_iterations: passes (PPO epochs) over each rollout batch.
         update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
         micro_batch_tokens: token budget of one forward (rows × longest row).
@@ -131,6 +132,16 @@ class ERPOModule(L.LightningModule):
         rollout_correction_level: obj.RolloutCorrectionLevel | None = None,
         rollout_correction_cap: float | None = None,
         rollout_correction_floor: float | None = None,
+        ratio_level: obj.RatioLevel | None = None,
+        sequence_clip_low: float | None = None,
+        sequence_clip_high: float | None = None,
+        policy_loss: obj.PolicyLoss | None = None,
+        cispo_weight_cap: float | None = None,
+        entropy_coef: float | None = None,
+        entropy_target: float | None = None,
+        entropy_coef_delta: float | None = None,
+        entropy_coef_range: tuple[float, float] | None = None,
+        entropy_top_fraction: float | None = None,
         num_iterations: int = 1,
         update_batch_size: int | None = None,
         micro_batch_tokens: int = 16384,
@@ -175,6 +186,7 @@ class ERPOModule(L.LightningModule):
         self.zero_signal_skips = 0  # optimizer steps skipped by skip_zero_signal_steps
         self.train_metrics = build_train_metrics()
         self.saturated_correction = SaturatedCorrection(self.algorithm)  # warns when no token is left in the band
+        self.entropy_control = obj.EntropyControl.of(self.algorithm)  # the entropy bonus's coefficient, per step
         self._logged_train_metrics: set[str] = set()  # every `train/` name logged so far (see _log_train_metrics)
 
     # ----------------------------------------------------------------------------------------------- model set-up
@@ -244,10 +256,13 @@ class ERPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add the module's counters and RNG states; refuse to save non-finite weights (`checkpoint_state.py`)."""
         save_module_state(self, checkpoint)
+        checkpoint["erpo_entropy_control"] = self.entropy_control.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Restore the counters and RNG states; complete an adapters-only checkpoint (`checkpoint_state.py`)."""
         load_module_state(self, checkpoint)
+        if "erpo_entropy_control" in checkpoint:
+            self.entropy_control.load_state_dict(checkpoint["erpo_entropy_control"])
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(
@@ -319,10 +334,13 @@ class ERPOModule(L.LightningModule):
         # Gradients of ranks are averaged by DDP/FSDP, while our loss is already divided by global counts.
         scale = self.trainer.world_size if self._trainer is not None else 1
         scoring = self.hparams.query_kl_scoring
+        algorithm = self.algorithm  # with the adaptive entropy coefficient of this step
+        if algorithm.entropy_target is not None:
+            algorithm = replace(algorithm, entropy_coef=self.entropy_control.applied)
         step = accumulate_gradients(
             self.policy, rollout_loss_rows(batch, self.hparams.loss_constant or batch.max_new_tokens),
             ((self._loss_rows(micro), rows is not None) for micro, rows in self._micro_batches(batch)),
-            batch.group_size, self.algorithm, normalizers, self.manual_backward,
+            batch.group_size, algorithm, normalizers, self.manual_backward,
             None if scoring == "shared_forward" else self.reference_cache,
             lambda count: int(all_reduce(self._trainer, count, "max", self.device)), self.reference_policy,
             share_prompt=scoring == "shared_prompt", loss_scale=scale, fused_output=self.hparams.fused_output_layer,
@@ -337,6 +355,13 @@ class ERPOModule(L.LightningModule):
             finite = self.guard.finite("gradient norm", grad_norm, where)
         if finite:
             update_step_metrics(self.train_metrics, step_loss, step_pg_loss, grad_norm, step)
+            if algorithm.entropy_target is not None:  # H̄ of the step's kept tokens, over micro-batches and ranks
+                weighted = [(stats.pg_stats["bonus_entropy"] * rows.response_mask.sum(), rows.response_mask.sum())
+                            for rows, stats in step.micro]  # fmt: skip
+                totals = self._global_sum(torch.tensor(
+                    [sum(float(w) for w, _ in weighted), sum(float(n) for _, n in weighted)], device=self.device
+                ))  # fmt: skip
+                self.entropy_control.update(float(totals[0] / totals[1].clamp(min=1)))
         if finite and self.hparams.skip_zero_signal_steps and grad_norm == 0:
             self._skip_zero_signal_step()
         elif finite:

@@ -14,6 +14,9 @@ TRAIN_METRICS = (
     "dual_clip_frac", "ratio_mean", "approx_kl", "advantage_mean", "query_weight_mean", "query_weight_min",
     "query_weight_max", "logprob_abs_diff", "grad_norm", "query_loglik_change", "rollout_is_ratio_mean",
     "rollout_is_ratio_min", "rollout_is_ratio_max", "rollout_is_capped_frac",
+    # the loss menu's statistics (`objectives.LossStats.pg_stats`), logged by the runs whose settings make them
+    "seq_ratio_dev", "cispo_truncated_frac", "entropy_kept_frac", "entropy_coef", "bonus_entropy", "entropy_bonus",
+    "entropy_target",
 )  # fmt: skip
 # Steps in a row with every response token outside the rollout correction's band before `SaturatedCorrection` warns.
 SATURATED_STEPS = 3

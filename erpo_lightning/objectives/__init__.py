@@ -4,7 +4,8 @@ Nothing here imports Lightning: a TRL, verl or OpenRLHF user can call these dire
 (`import erpo_lightning.objectives as obj`; every public name below is re-exported here).
 
     advantages     group advantage estimators (grpo, dr_grpo, rloo, reinforce)
-    policy         the PPO-clipped surrogate and the aggregation of per-token losses
+    policy         the surrogates (PPO-clipped at the token or sequence level, CISPO) and the aggregation
+    entropy        the entropy bonus, its adaptive coefficient and the high-entropy token mask
     kl             k1/k2/k3, sequence k3 and Query-KL
     query_weights  ERPO's per-query weight w(q)
     rollout_correction  truncated / masked importance weights for the rollout engine–trainer mismatch
@@ -22,6 +23,12 @@ from erpo_lightning.objectives.advantages import (
     Estimator,
     check_group_size,
     group_advantages,
+)
+from erpo_lightning.objectives.entropy import (
+    EntropyControl,
+    entropy_bonus_term,
+    high_entropy_mask,
+    token_entropy,
 )
 from erpo_lightning.objectives.kl import (
     DEFAULT_KL_CLAMP,
@@ -51,7 +58,16 @@ from erpo_lightning.objectives.loss import (
     rl_loss,
     split_prompt_response,
 )
-from erpo_lightning.objectives.policy import RATIO_LOG_CLAMP, AggregationMode, aggregate, policy_gradient_loss
+from erpo_lightning.objectives.policy import (
+    RATIO_LOG_CLAMP,
+    AggregationMode,
+    PolicyLoss,
+    RatioLevel,
+    aggregate,
+    cispo_loss,
+    importance_log_ratio,
+    policy_gradient_loss,
+)
 from erpo_lightning.objectives.query_weights import (
     DEFAULT_QUERY_WEIGHT_CLIP,
     QueryWeightNorm,
@@ -76,21 +92,28 @@ __all__ = [
     "QUERY_KL_TOLERANCE",
     "RATIO_LOG_CLAMP",
     "AggregationMode",
+    "EntropyControl",
     "Estimator",
     "KLClampMode",
     "KLKind",
     "LossSettings",
     "LossStats",
+    "PolicyLoss",
     "QueryKLAggregation",
     "QueryDrift",
     "QueryKLEstimator",
     "QueryWeightNorm",
     "QueryWeightSource",
+    "RatioLevel",
     "RolloutCorrection",
     "RolloutCorrectionLevel",
     "aggregate",
     "check_group_size",
+    "cispo_loss",
+    "entropy_bonus_term",
     "group_advantages",
+    "high_entropy_mask",
+    "importance_log_ratio",
     "k3_level_log_ratios",
     "kl_penalty",
     "loss_normalizers",
@@ -109,4 +132,5 @@ __all__ = [
     "rollout_log_ratios",
     "sequence_k3",
     "split_prompt_response",
+    "token_entropy",
 ]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
 
+from erpo_lightning.objectives.entropy import entropy_bonus_term, high_entropy_mask
 from erpo_lightning.objectives.kl import (
     DEFAULT_KL_CLAMP,
     KLClampMode,
@@ -17,7 +19,14 @@ from erpo_lightning.objectives.kl import (
     query_kl_tokens,
     query_kl_tolerance_for,
 )
-from erpo_lightning.objectives.policy import AggregationMode, aggregate, policy_gradient_loss
+from erpo_lightning.objectives.policy import (
+    AggregationMode,
+    PolicyLoss,
+    RatioLevel,
+    aggregate,
+    cispo_loss,
+    policy_gradient_loss,
+)
 from erpo_lightning.objectives.rollout_correction import (
     DEFAULT_ROLLOUT_CORRECTION_CAP,
     RolloutCorrection,
@@ -53,8 +62,11 @@ class LossStats:
 
     Attributes:
         pg_loss: scalar, the policy-gradient term.
-        pg_stats: `policy_gradient_loss`'s statistics (clip fractions, ratio mean, approximate KL), scalar token
-            means of this batch, by name.
+        pg_stats: the surrogate's statistics (`policy_gradient_loss`'s or `cispo_loss`'s: clip or truncation
+            fractions, ratio mean, approximate KL, the sequence ratio's spread) and the entropy controls' (with the
+            high-entropy mask `entropy_kept_frac`, the share of response tokens kept; with a bonus or a target
+            `entropy_coef`, the coefficient applied, `bonus_entropy`, H̄ of the kept tokens (nats), `entropy_bonus`,
+            coef · H̄, and `entropy_target`), scalar token means of this batch, by name.
         query_drift: the queries' drift, when this forward scored them (None when a forward of their own did).
         policy_kl: [N, R] per-token Policy-KL, 0 on padding (None without reference log-probs).
         entropy: [N, R] the policy's per-token entropy (nats) on the responses; logprob_abs_diff: [N, R]
@@ -159,6 +171,39 @@ class LossSettings:
         rollout_correction_floor: the band's lower end, 0 <= floor <= 1 and below the cap (`mis` drops tokens whose
             ρ is below it, `tis` raises their weight to it), or None: no lower end (TRL's default; 1/cap gives a band
             symmetric in log ρ, verl's `rollout_rs_threshold_lower` when unset).
+        ratio_level: where the importance ratio π / π_old of the surrogate lives (`objectives.importance_log_ratio`):
+            `token` (each token's own, PPO / GRPO) or `sequence` (GSPO: one per response, s = exp(mean over its tokens
+            of log π − log π_old), on all its tokens, clipped to [1 − sequence_clip_low, 1 + sequence_clip_high]).
+            On-policy s = 1 and the gradient is the token-level one of the same aggregation; they differ once ratios
+            move (num_iterations > 1, update_batch_size below the batch, an engine–trainer mismatch).
+        sequence_clip_low: GSPO's clip ε_low of the sequence ratio (`ratio_level: sequence`; 3e-4 in the GSPO paper:
+            a mean log-ratio moves far less than a token's).
+        sequence_clip_high: GSPO's clip ε_high of the sequence ratio (4e-4 in the GSPO paper); None =
+            sequence_clip_low.
+        policy_loss: the surrogate: `ppo_clip` (-min(r·A, clip(r)·A), `objectives.policy_gradient_loss`) or `cispo`
+            (MiniMax-M1's -sg(min(r, cispo_weight_cap))·A·log π: a truncated stop-gradient weight on the REINFORCE
+            term, so no token's gradient is dropped; `objectives.cispo_loss`). The clip fields apply to `ppo_clip`
+            only; `cispo` refuses `dual_clip`. Its loss value is -w·A·log π, not -r·A.
+        cispo_weight_cap: CISPO's ε_max >= 1, the upper bound on its importance weight (an absolute ratio, TRL's
+            `epsilon_high` under `loss_type='cispo'`, 5.0 as TRL recommends for ScaleRL); >= 1 so that an on-policy
+            weight stays 1.
+        entropy_coef: c >= 0 of the entropy bonus: the loss gets -c·H̄, H̄ the mean per-token entropy (nats, at the
+            sampling temperature) of the policy over the response tokens the loss trains on (the high-entropy ones
+            under `entropy_top_fraction` < 1), whatever the aggregation (as TRL's `entropy_coef`); 0 = off. Its
+            gradient is -c∇H̄: the forward then scores the entropy with gradient (one more logits buffer in
+            backward). With `entropy_target`, the initial coefficient of the adaptive control.
+        entropy_target: adaptive entropy control (Skywork-OR1, TRL's `use_adaptive_entropy` with its
+            `entropy_target`): after each optimizer step the coefficient moves by `entropy_coef_delta`, up when that
+            step's H̄ is at or below this target (nats per token), down otherwise, within `entropy_coef_range`, and a
+            step applies it only while the last step's H̄ was at or below the target (`objectives.EntropyControl`);
+            None = a constant `entropy_coef`.
+        entropy_coef_delta: the adaptive control's step δ >= 0 of the coefficient per optimizer step.
+        entropy_coef_range: [c_min, c_max] of the adaptive coefficient, 0 <= c_min <= c_max.
+        entropy_top_fraction: ρ in [0, 1] of the high-entropy token mask ("Beyond the 80/20 rule", TRL's
+            `top_entropy_quantile`): only response tokens whose entropy is at least the (1 − ρ)-quantile of the
+            micro-batch's keep their policy-gradient term (0.2 in the paper; 1 = every token, off); the others
+            still count in the aggregation's denominator. The quantile is over each micro-batch on its rank (TRL:
+            over each micro-batch on all ranks), so micro-batching can move the threshold.
     """
 
     loss_aggregation: AggregationMode = "token_mean"
@@ -177,6 +222,62 @@ class LossSettings:
     rollout_correction_level: RolloutCorrectionLevel = "token"
     rollout_correction_cap: float = DEFAULT_ROLLOUT_CORRECTION_CAP
     rollout_correction_floor: float | None = None
+    ratio_level: RatioLevel = "token"
+    sequence_clip_low: float = 3e-4
+    sequence_clip_high: float | None = 4e-4
+    policy_loss: PolicyLoss = "ppo_clip"
+    cispo_weight_cap: float = 5.0
+    entropy_coef: float = 0.0
+    entropy_target: float | None = None
+    entropy_coef_delta: float = 0.005
+    entropy_coef_range: tuple[float, float] = (0.0, 1.0)
+    entropy_top_fraction: float = 1.0
+
+    def _check_loss_menu(self) -> None:
+        """ValueError naming the first of the surrogate and entropy fields (`ratio_level` to `entropy_top_fraction`)
+        out of its range; `entropy_coef_range` becomes a tuple of floats. Choices are checked with every `Literal`."""
+        if not self.sequence_clip_low >= 0 or not (self.sequence_clip_high is None or self.sequence_clip_high >= 0):
+            raise ValueError(
+                f"model.sequence_clip_low / sequence_clip_high must be >= 0, got {self.sequence_clip_low} / "
+                f"{self.sequence_clip_high}"
+            )
+        if not self.cispo_weight_cap >= 1:
+            raise ValueError(
+                f"model.cispo_weight_cap must be >= 1 (an absolute bound on CISPO's importance weight, so that an "
+                f"on-policy weight stays 1; TRL recommends 5.0), got {self.cispo_weight_cap}"
+            )
+        if self.policy_loss == "cispo" and self.dual_clip is not None:
+            raise ValueError(
+                "model.dual_clip bounds PPO's clipped loss; model.policy_loss 'cispo' has no clip to bound: leave "
+                "dual_clip null"
+            )
+        if not (self.entropy_coef >= 0 and self.entropy_coef_delta >= 0 and math.isfinite(self.entropy_coef)):
+            raise ValueError(
+                f"model.entropy_coef and entropy_coef_delta must be finite and >= 0, got {self.entropy_coef} / "
+                f"{self.entropy_coef_delta}"
+            )
+        if self.entropy_target is not None and not self.entropy_target >= 0:
+            raise ValueError(f"model.entropy_target must be >= 0 nats (or null: no adaptive control), got "
+                             f"{self.entropy_target}")  # fmt: skip
+        bounds = self.entropy_coef_range
+        if len(bounds) != 2 or not 0 <= bounds[0] <= bounds[1]:
+            raise ValueError(f"model.entropy_coef_range must be [c_min, c_max] with 0 <= c_min <= c_max, got {bounds}")
+        object.__setattr__(self, "entropy_coef_range", (float(bounds[0]), float(bounds[1])))
+        if not 0 <= self.entropy_top_fraction <= 1:
+            raise ValueError(
+                f"model.entropy_top_fraction must be in [0, 1] (the share of tokens, by entropy, that keep their "
+                f"policy-gradient term; 1 = all), got {self.entropy_top_fraction}"
+            )
+
+    @property
+    def entropy_gradient(self) -> bool:
+        """Whether the loss needs the entropy with its gradient: an entropy bonus applied now (`entropy_coef` > 0)."""
+        return self.entropy_coef > 0
+
+    @property
+    def reads_entropy(self) -> bool:
+        """Whether `rl_loss` needs the per-token entropy at all: a bonus, an adaptive target or the entropy mask."""
+        return self.entropy_gradient or self.entropy_target is not None or self.entropy_top_fraction < 1
 
 
 def loss_normalizers(
@@ -210,8 +311,9 @@ def rl_loss(
     normalizers: dict[str, torch.Tensor] | None = None,
     ref_response_logprobs: torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The whole loss of [prompt; response] rows: weighted PG + α · Query-KL (+ β · Policy-KL).
+    """The whole loss of [prompt; response] rows: weighted PG + α · Query-KL (+ β · Policy-KL) (− c · H̄).
 
     With `query_logprobs` None the Query-KL term is left out, for a caller that scores the queries in a forward of
     their own (`query_kl_loss` on it), and no query drift is reported.
@@ -227,6 +329,9 @@ def rl_loss(
         sampling_logprobs: [N, R] the rollout engine's log-probs of the sampled tokens; with `rollout_correction`
             on, each per-token PG term is multiplied by its weight against `old_logprobs` (π_old), and a missing
             one is refused (ValueError). Unused when the correction is off.
+        entropy: [N, R] the policy's per-token entropy (nats) on the responses, with its gradient when
+            `entropy_coef` > 0 (the coefficient applied now: a runner of `EntropyControl` passes its `applied` one);
+            needed when `settings.reads_entropy` (ValueError otherwise), unused else.
     Returns:
         loss (scalar) and its `LossStats` (the queries' drift over the Q group leaders).
     """
@@ -234,9 +339,25 @@ def rl_loss(
     if normalizers is None:
         normalizers = loss_normalizers(response_mask, query_mask, is_leader)
     token_mode = s.loss_aggregation == "token_mean"
-    per_token, stats = policy_gradient_loss(
-        response_logprobs, old_logprobs, advantages, response_mask, s.clip_low, s.clip_high, s.dual_clip
-    )
+    if s.policy_loss == "cispo":
+        per_token, stats = cispo_loss(
+            response_logprobs, old_logprobs, advantages, response_mask, s.cispo_weight_cap, s.ratio_level
+        )
+    else:
+        low, high = (
+            (s.clip_low, s.clip_high) if s.ratio_level == "token" else (s.sequence_clip_low, s.sequence_clip_high)
+        )
+        per_token, stats = policy_gradient_loss(
+            response_logprobs, old_logprobs, advantages, response_mask, low, high, s.dual_clip, s.ratio_level
+        )
+    kept = response_mask.bool()
+    if s.reads_entropy:
+        if entropy is None:
+            raise ValueError("the entropy bonus, its target and the entropy mask need the policy's per-token entropy")
+        if s.entropy_top_fraction < 1:
+            kept = high_entropy_mask(entropy, response_mask, s.entropy_top_fraction)
+            per_token = per_token * kept.to(per_token.dtype)
+            stats["entropy_kept_frac"] = (kept.sum() / response_mask.bool().sum().clamp(min=1)).float()
     is_ratio = is_outside = None
     if s.rollout_correction != "none":
         if sampling_logprobs is None:
@@ -256,6 +377,19 @@ def rl_loss(
         normalizers["tokens"] if token_mode else sequences,
     )
     loss, drift, policy_kl_tokens = pg_loss, None, None
+    if s.entropy_gradient or s.entropy_target is not None:
+        if s.entropy_gradient and response_logprobs.requires_grad and not entropy.requires_grad:
+            raise ValueError("entropy_coef > 0 needs the entropy with its gradient (objectives.token_entropy)")
+        bonus = entropy_bonus_term(entropy, kept, response_mask, normalizers["tokens"])
+        if s.entropy_gradient:
+            loss = loss - s.entropy_coef * bonus
+        with torch.no_grad():
+            kept_mean = torch.where(kept, entropy, 0.0).sum() / kept.sum().clamp(min=1)
+            stats["entropy_coef"] = kept_mean.new_tensor(float(s.entropy_coef))
+            stats["bonus_entropy"] = kept_mean.detach().float()
+            stats["entropy_bonus"] = (s.entropy_coef * kept_mean).detach().float()
+            if s.entropy_target is not None:
+                stats["entropy_target"] = kept_mean.new_tensor(float(s.entropy_target))
     if query_logprobs is not None:
         leaders = (query_logprobs[is_leader], ref_query_logprobs[is_leader], query_mask[is_leader])
         if s.query_kl_aggregation == "per_query":

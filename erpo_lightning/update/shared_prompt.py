@@ -29,7 +29,6 @@ from transformers import DynamicCache
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.query_scoring import QueryScoringLayout, forward_block
-from erpo_lightning.logprobs import prompt_response_logprobs_and_entropy
 from erpo_lightning.output_layer import output_layer_bypassed
 from erpo_lightning.update.query_pass import exact_query_kl
 
@@ -64,6 +63,7 @@ class PromptPass:
             `closing_loss`. They hold the prompt forward's graph, its logits included, until the step's last backward.
         fillers: the logits of filler blocks (a rank with fewer queries runs as many blocks as the others).
         fused_output: the response forward's output layer runs inside the log-prob code (`output_layer.py`).
+        entropy_gradient: the entropies carry their gradient (the loss has an entropy bonus).
     """
 
     term: torch.Tensor
@@ -76,6 +76,7 @@ class PromptPass:
     graph: list[torch.Tensor] = field(default_factory=list)
     fillers: list[torch.Tensor] = field(default_factory=list)
     fused_output: bool = False
+    entropy_gradient: bool = False
 
     def forward(self, policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
         """The `step.Forward` of a micro-batch under the shared prompt: its responses on their queries' keys and
@@ -85,8 +86,10 @@ class PromptPass:
         Args:
             rows: the micro-batch (`step.LossRows`), of queries this pass holds.
         Returns:
-            ([N, P + R] log-probs, [N, P + R] entropies without gradient).
+            ([N, P + R] log-probs, [N, P + R] entropies, with gradient only under `entropy_gradient`).
         """
+        from erpo_lightning.update.step import window_logprobs_and_entropy  # step.py imports this module
+
         prompt_length, temperature = rows.prompt_length, rows.temperature
         device = rows.input_ids.device
         places = torch.tensor([self.row_of[int(q)] for q in rows.query_index.tolist()], device=device)
@@ -113,13 +116,15 @@ class PromptPass:
             window = policy(**inputs).logits
         weight = None if head is None else head.weight
         # Position j of the response forward predicts response token j + 1; column 0 is scored below.
-        rest, rest_entropy = prompt_response_logprobs_and_entropy(
-            window, response_ids, 1, temperature, gradient_into_logits=True, output_weight=weight
+        rest, rest_entropy = window_logprobs_and_entropy(
+            window, response_ids, 1, temperature, weight, self.entropy_gradient
         )
         first = self.last_logits.index_select(0, places).float() / temperature
         first_log_p = torch.log_softmax(first, dim=-1)
         first_logprob = first_log_p.gather(-1, response_ids[:, :1])
-        first_entropy = -(first_log_p.exp() * first_log_p).sum(-1, keepdim=True).detach()
+        first_entropy = -(first_log_p.exp() * first_log_p).sum(-1, keepdim=True)
+        if not self.entropy_gradient:
+            first_entropy = first_entropy.detach()
         before = (prompt_length, 0)
         return (
             torch.nn.functional.pad(torch.cat([first_logprob, rest[:, 1:]], dim=1), before),
@@ -208,4 +213,5 @@ def prompt_pass(
         graph=[*keys, *values, last_logits],
         fillers=[block.logits for block in blocks[real:]],
         fused_output=fused_output,
+        entropy_gradient=algorithm.entropy_gradient,
     )

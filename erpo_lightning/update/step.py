@@ -82,39 +82,65 @@ def rollout_loss_rows(
 
 
 # A forward of `policy` over the rows: ([N, P + R] token log-probs, [N, P + R] entropy or None), column t scoring
-# token t given the tokens before it (column 0 unscored), the prompt at T = 1 and the response at the rows' T.
+# token t given the tokens before it (column 0 unscored), the prompt at T = 1 and the response at the rows' T. The
+# entropy carries its gradient when the loss has an entropy bonus (`LossSettings.entropy_gradient`).
 Forward = Callable[[torch.nn.Module, LossRows], tuple[torch.Tensor, torch.Tensor | None]]
 
 
+def window_logprobs_and_entropy(
+    window: torch.Tensor,
+    input_ids: torch.Tensor,
+    prompt_length: int,
+    temperature: float,
+    weight: torch.Tensor | None,
+    entropy_gradient: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`logprobs.prompt_response_logprobs_and_entropy` of a forward's window (logits, or the last hidden states with
+    the output layer's `weight`), whose logits nothing else reads. With `entropy_gradient` the entropy is
+    `objectives.token_entropy`'s, with gradient (the entropy bonus): the window then has two readers, so backward
+    writes the log-probs' gradient into a buffer of its own rather than into the logits."""
+    if not entropy_gradient:
+        return prompt_response_logprobs_and_entropy(
+            window, input_ids, prompt_length, temperature, gradient_into_logits=True, output_weight=weight
+        )
+    logprobs, _ = prompt_response_logprobs_and_entropy(
+        window, input_ids, prompt_length, temperature, with_entropy=False, output_weight=weight
+    )
+    scale = torch.ones(window.shape[1], dtype=torch.float32, device=window.device)
+    scale[prompt_length - 1 :] = 1.0 / temperature
+    entropy = obj.token_entropy(window, scale, weight)  # column t: the distribution at position t (predicts t + 1)
+    return logprobs, torch.nn.functional.pad(entropy[:, :-1], (1, 0))
+
+
 def full_logits_forward(
-    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False
+    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False, entropy_gradient: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The `Forward` of `shared_forward` scoring, which reads the prompt tokens too: the policy's logits at every
     position, then log-probs and entropy from them. The logits live only here, so backward writes their gradient
     into their own buffer (`gradient_into_logits`), as in `response_logits_forward`. `fused_output`: the output
-    layer runs chunk by chunk inside the log-prob code, so the logits never exist (`output_layer.py`)."""
+    layer runs chunk by chunk inside the log-prob code, so the logits never exist (`output_layer.py`).
+    `entropy_gradient`: as `window_logprobs_and_entropy`."""
     window, weight = causal_lm_window(policy, rows.input_ids, rows.attention_mask, fused_output=fused_output)
-    return prompt_response_logprobs_and_entropy(
-        window, rows.input_ids, rows.prompt_length, rows.temperature, gradient_into_logits=True, output_weight=weight
+    return window_logprobs_and_entropy(
+        window, rows.input_ids, rows.prompt_length, rows.temperature, weight, entropy_gradient
     )
 
 
 def response_logits_forward(
-    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False
+    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False, entropy_gradient: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The `Forward` when no prompt log-prob is read (the exact pass scores the queries): the output layer, the
     log-softmax and the entropy run on the R + 1 positions that predict response tokens only (`logits_to_keep`),
     not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0. `fused_output` as in
-    `full_logits_forward`."""
+    `full_logits_forward`; `entropy_gradient` as `window_logprobs_and_entropy`."""
     prompt_length = rows.prompt_length
     window, weight = response_window(
         policy, rows.input_ids, rows.attention_mask, prompt_length, fused_output=fused_output
     )
     # Column 0 of the kept window is the last prompt token, unscored; columns 1.. are the response at T.
-    logprobs, entropy = prompt_response_logprobs_and_entropy(
-        window, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, gradient_into_logits=True,
-        output_weight=weight,
-    )  # fmt: skip
+    logprobs, entropy = window_logprobs_and_entropy(
+        window, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, weight, entropy_gradient
+    )
     skipped = (prompt_length - 1, 0)
     return torch.nn.functional.pad(logprobs, skipped), torch.nn.functional.pad(entropy, skipped)
 
@@ -173,7 +199,7 @@ def micro_batch_loss(
     prompt_length = rows.prompt_length
     if forward is None:
         forward = response_logits_forward if rows.reference_query_logprobs is None else full_logits_forward
-        token_logprobs, entropy = forward(policy, rows, fused_output)
+        token_logprobs, entropy = forward(policy, rows, fused_output, algorithm.entropy_gradient)
     else:
         token_logprobs, entropy = forward(policy, rows)
     query_lp, query_mask, response_lp, _ = obj.split_prompt_response(token_logprobs, rows.attention_mask, prompt_length)
@@ -197,9 +223,10 @@ def micro_batch_loss(
         seq_weights=rows.query_weights if algorithm.use_query_weights else None,
         constant=rows.constant, normalizers=normalizers,
         ref_response_logprobs=ref_response, sampling_logprobs=sampling,
+        entropy=None if entropy is None else entropy[:, prompt_length:],
     )  # fmt: skip
     difference = (old - sampling).abs() if on_policy and sampling is not None else None
-    response_entropy = None if entropy is None else entropy[:, prompt_length:]
+    response_entropy = None if entropy is None else entropy[:, prompt_length:].detach()
     return loss, replace(stats, entropy=response_entropy, logprob_abs_diff=difference)
 
 
