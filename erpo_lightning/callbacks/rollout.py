@@ -186,6 +186,8 @@ class RolloutCallback(pl.Callback):
         generated (the datamodule's setup, which Lightning runs first, has run)."""
         if stage == "fit" and isinstance(pl_module, ERPOModule):
             check_group_size(pl_module.algorithm.advantage_estimator, self.settings.n)
+        if stage == "fit":  # a reward's NaN stops the rollout, unless the module's guard skips non-finite steps
+            self.sampler.non_finite_rewards = getattr(getattr(pl_module, "guard", None), "nan_policy", "stop")
         data = getattr(trainer, "datamodule", None)
         if stage == "fit" and isinstance(data, QueryDataModule):
             check_reward_inputs(self.sampler.reward, data.prepare_queries().columns)

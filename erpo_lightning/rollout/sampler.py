@@ -6,15 +6,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
+from typing import Literal
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from erpo_lightning.rewards.protocol import RESERVED_NAMES, Reward, RewardSignature, score_responses
 from erpo_lightning.rollout.engine import RolloutEngine, Sample, SamplingSettings
+
+# What a rollout does with a reward's NaN or infinity: `stop` refuses it, naming the reward and the row; `skip` lets
+# it through with a warning naming them, so that the step's non-finite loss is dropped by `model.nan_policy: skip`.
+NonFiniteRewards = Literal["stop", "skip"]
 
 
 @dataclass
@@ -59,6 +65,10 @@ class RolloutSampler:
             given per call).
         tokenizer: a tokenizer, or its path; None = the policy's `name_or_path` (at `setup`).
         correct_threshold: a response is correct when its reward is at least this.
+        non_finite_rewards: a reward's NaN or infinity is refused (`stop`), or passed on with a warning (`skip`: the
+            rollout callback's sampler under `model.nan_policy: skip`, whose guard then drops the step); samplers
+            made by `with_settings` (evaluation, the pass-rate filter) always refuse. None, text and other values
+            that are not numbers are refused either way (`reward_tensor`).
     """
 
     def __init__(
@@ -68,7 +78,10 @@ class RolloutSampler:
         settings: SamplingSettings | None = None,
         tokenizer: PreTrainedTokenizerBase | str | None = None,
         correct_threshold: float = 1.0,
+        non_finite_rewards: NonFiniteRewards = "stop",
     ) -> None:
+        if non_finite_rewards not in ("stop", "skip"):
+            raise ValueError(f"non_finite_rewards must be 'stop' or 'skip', got {non_finite_rewards!r}")
         self.engine = engine
         self.reward = reward
         self.reward_signature = RewardSignature.of(reward)
@@ -76,6 +89,7 @@ class RolloutSampler:
         self.tokenizer_path = tokenizer if isinstance(tokenizer, str) else None
         self.tokenizer: PreTrainedTokenizerBase | None = None if isinstance(tokenizer, str) else tokenizer
         self.correct_threshold = correct_threshold
+        self.non_finite_rewards = non_finite_rewards
 
     def setup(self, policy: torch.nn.Module) -> None:
         """Load the tokenizer (once) and set the engine up on `policy`."""
@@ -117,11 +131,67 @@ class RolloutSampler:
         texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
         inputs = self._reward_inputs(prompts, problems, data_columns, n)
         scores = score_responses(self.reward, texts, per_response(golds, n), inputs, self.reward_signature)
-        rewards = torch.tensor(scores, dtype=torch.float32)
-        rewards = rewards.view(len(prompts), n)
+        rewards = self.reward_tensor(scores, texts, prompts, problems, n).view(len(prompts), n)
         return GradedGroups(
             samples, texts, rewards, rewards >= self.correct_threshold, generated - start, perf_counter() - generated
         )
+
+    def reward_tensor(
+        self,
+        scores: Sequence[object],
+        texts: list[str],
+        prompts: list[list[int]],
+        problems: list[str] | None,
+        n: int,
+    ) -> torch.Tensor:
+        """[B·n] float32 of the reward's `scores` (one per response of `texts`, prompt-major, `n` per prompt).
+
+        Raises:
+            ValueError naming the reward, the row (index, its prompt's index and text, its response) and the value,
+            for a value that is not a number (None, text even when it reads as one, a list...), and, unless
+            `non_finite_rewards` is `skip`, for a NaN or an infinity (also a number too large for float32). Under
+            `skip` the first such row is named in a warning instead, and the values pass on.
+        """
+        name = self.reward_signature.name
+        numbers: list[float] = []
+        for row, value in enumerate(scores):
+            text = isinstance(value, (str, bytes, bytearray))
+            try:
+                number = None if text or value is None else float(value)
+            except (TypeError, ValueError):
+                number = None
+            if number is None:
+                kind = "text (even one that reads as a number)" if text else f"a {type(value).__name__}"
+                raise ValueError(
+                    f"the reward {name} returned {value!r:.40} for {self._row(row, texts, prompts, problems, n)}: a "
+                    f"reward must return a number for every response, not {kind}"
+                )
+            numbers.append(number)
+        rewards = torch.tensor(numbers, dtype=torch.float32)
+        bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+        if bad:
+            row = bad[0]
+            message = (
+                f"the reward {name} returned {scores[row]!r:.40} for {len(bad)} of {len(numbers)} responses, first "
+                f"for {self._row(row, texts, prompts, problems, n)}"
+            )
+            if self.non_finite_rewards == "stop":
+                raise ValueError(
+                    f"{message}: a reward must return a finite number for every response (under model.nan_policy: "
+                    "skip, a training step with such a reward is skipped instead)"
+                )
+            warnings.warn(
+                f"{message}: model.nan_policy is skip, so this step's loss is not finite and the step is skipped",
+                stacklevel=3,
+            )
+        return rewards
+
+    def _row(self, row: int, texts: list[str], prompts: list[list[int]], problems: list[str] | None, n: int) -> str:
+        """Response `row` of a call, as error messages name it: its index, its prompt's index and text (the problem
+        when given, else the decoded prompt), and its response."""
+        query = row // n
+        prompt = problems[query] if problems is not None else self.tokenizer.decode(prompts[query])
+        return f"row {row} (prompt {query}: {str(prompt)!r:.60}; response {texts[row]!r:.60})"
 
     def _reward_inputs(
         self, prompts: list[list[int]], problems: list[str] | None, data_columns: Mapping[str, list] | None, n: int
