@@ -75,7 +75,12 @@ try:
     from erpo_lightning.callbacks.completions import SampledCompletions  # noqa: E402
     from erpo_lightning.callbacks.final_checkpoint import FinalStepCheckpoint  # noqa: E402
     from erpo_lightning.callbacks.preemption import PreemptionCheckpoint  # noqa: E402
-    from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, stderr_is_terminal  # noqa: E402
+    from erpo_lightning.callbacks.progress import (  # noqa: E402
+        ERPOProgressBar,
+        ProgressLines,
+        RunFilesReport,
+        stderr_is_terminal,
+    )
     from erpo_lightning.callbacks.rollout import RolloutCallback  # noqa: E402
     from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback  # noqa: E402
     from erpo_lightning.checkpointing import (  # noqa: E402
@@ -164,8 +169,9 @@ class ERPOLightningTrainer(Trainer):
     (`AtomicCheckpointIO`) unless `plugins` or the strategy bring their own CheckpointIO, SIGTERM / SIGUSR1 save the
     last finished step and stop the run (`PreemptionCheckpoint`), the step training ends on is saved whatever the
     checkpoint interval (`FinalStepCheckpoint`: `last.ckpt` holds it), sampled completions go to the log folder
-    (`SampledCompletions`, unless one is configured), and the default progress bar is `ERPOProgressBar`
-    on a terminal, `ProgressLines` (a plain line every N steps) when stderr is a file or a pipe.
+    (`SampledCompletions`, unless one is configured), the end of a fit says where its files are (`RunFilesReport`),
+    and the default progress bar is `ERPOProgressBar` on a terminal (the bar, with the step lines printed above it),
+    `ProgressLines` (a plain line every N steps) when stderr is a file or a pipe.
     """
 
     def __init__(self, *args, use_distributed_sampler: bool = False, **kwargs) -> None:
@@ -182,6 +188,8 @@ class ERPOLightningTrainer(Trainer):
             callbacks.append(FinalStepCheckpoint())
         if not any(isinstance(c, SampledCompletions) for c in callbacks):
             callbacks.append(SampledCompletions())
+        if not any(isinstance(c, RunFilesReport) for c in callbacks):
+            callbacks.append(RunFilesReport())
         if kwargs.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             # A bar redrawn with carriage returns is unreadable in a log file: plain lines there.
             terminal = stderr_is_terminal() and _RICH_AVAILABLE
