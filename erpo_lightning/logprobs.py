@@ -195,10 +195,14 @@ def prompt_response_token_logprobs(
 ) -> torch.Tensor:
     """Per-token log-probs of `[prompt; response]` sequences from one forward's logits.
 
-    This is how Query-KL costs no extra forward pass: the prompt tokens are scored by the same logits that score
-    the response. Query tokens are scored at temperature 1 (the model's own likelihood of the query, what ρθ(q) is
-    defined on); response tokens at the sampling temperature (the processed distribution the engine sampled from).
-    Split the result with `objectives.split_prompt_response`. Chunked like `gather_token_logprobs`.
+    Under `query_kl_scoring: shared_forward` this is how Query-KL costs no forward of its own: the prompt tokens are
+    scored by the same logits that score the response. Under the default `exact` scoring the step's unique queries
+    are scored by one more forward, alone in the reference cache's layout (`update/query_pass.py`), and the response
+    forward projects only the response positions (`response_window`); `shared_prompt` folds the response forward
+    into that query forward (`update/shared_prompt.py`). Query tokens are scored at temperature 1 (the model's own
+    likelihood of the query, what ρθ(q) is defined on); response tokens at the sampling temperature (the processed
+    distribution the engine sampled from). Split the result with `objectives.split_prompt_response`. Chunked like
+    `gather_token_logprobs`.
 
     Args:
         logits: [N, P + R, V] over prompts left-padded to width P and responses right-padded to width R.
