@@ -37,6 +37,7 @@ from erpo_lightning.integrations.trl_config import (
     config_default,
     config_problem,
     trainer_algorithm,
+    trl_loss_menu,
     trl_rollout_correction,
 )
 from erpo_lightning.integrations.trl_guards import (
@@ -103,7 +104,10 @@ class ERPOTrainer(GRPOTrainer):
             compute dtype's noise floor (docs/erpo.md, "Query-KL at θ0").
         **fields: single `Algorithm` fields overriding the preset (e.g. `query_kl_coef=0.05`).
     GRPOConfig's `vllm_importance_sampling_correction` (TRL's default, with vLLM) sets the algorithm's
-    `rollout_correction` fields from its mode and clip bounds (`trl_config.trl_rollout_correction`).
+    `rollout_correction` fields from its mode and clip bounds (`trl_config.trl_rollout_correction`); its
+    `importance_sampling_level`, `loss_type='cispo'` and entropy settings (`entropy_coef`, `use_adaptive_entropy`
+    with its target and bounds, `top_entropy_quantile`) set our loss-menu fields (`trl_config.trl_loss_menu`). The
+    adaptive entropy coefficient lives in TRL's own `entropy_coef` / `_last_world_entropy`, which TRL checkpoints.
     The loss side (loss_type, clip range, advantages) follows the algorithm; a GRPOConfig loss field set to
     something else is refused, as is every setting rl_loss cannot reproduce (one line naming it). An empty dataset
     is refused before TRL builds anything; empty prompts and chat prompts without a chat template before θ0
@@ -124,7 +128,7 @@ class ERPOTrainer(GRPOTrainer):
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         if config is not None:
             try:
-                algorithm = trl_rollout_correction(config, algorithm)
+                algorithm = trl_loss_menu(config, trl_rollout_correction(config, algorithm))
             except ValueError as error:
                 raise ValueError(f"ERPOTrainer: {str(error).replace('model.', '')}") from None
         problem = config_problem(config, algorithm) if config is not None else None  # before TRL builds anything
@@ -151,6 +155,9 @@ class ERPOTrainer(GRPOTrainer):
             tolerance = 0.0 if query_kl_scoring == "exact" else obj.query_kl_tolerance_for(self._compute_dtype())
             algorithm = replace(algorithm, query_kl_tolerance=tolerance)
         self.algorithm = algorithm
+        # TRL's adaptive-entropy state (saved and restored by GRPOTrainer's checkpoint hooks) holds our controller's.
+        self.entropy_coef, self.use_adaptive_entropy = algorithm.entropy_coef, algorithm.entropy_target is not None
+        self._erpo_entropy_window = torch.zeros(2)  # [Σ H over kept tokens, kept tokens] of the accumulation window
         if self.args.weight_decay == config_default(
             "weight_decay"
         ):  # an optimizer default of the preset (erpo_released)
@@ -317,11 +324,30 @@ class ERPOTrainer(GRPOTrainer):
                     model, rows, group, self.reference_cache, self.algorithm, normalizers, None,
                     lambda count: int(self.accelerator.reduce(torch.tensor(count, device=prompt_ids.device), "max")),
                 )  # fmt: skip
-        loss, stats = micro_batch_loss(model, rows, self.algorithm, normalizers, forward=self._fused_forward)
+        control = obj.EntropyControl.of(replace(self.algorithm, entropy_coef=self.entropy_coef))
+        control.last_entropy = self._last_world_entropy
+        algorithm = replace(self.algorithm, entropy_coef=control.applied)  # the bonus's coefficient this step
+        loss, stats = micro_batch_loss(model, rows, algorithm, normalizers, forward=self._fused_forward)
         if exact:
             loss, stats = loss + term, replace(stats, query_drift=drift)
+        if self.algorithm.entropy_target is not None and self.model.training:
+            self._update_entropy_control(control, stats, completion_mask)
         self._log_loss_metrics(stats, completion_mask)
         return loss * (self.accelerator.num_processes if self.model.training else 1)
+
+    @torch.no_grad()
+    def _update_entropy_control(self, control: obj.EntropyControl, stats: obj.LossStats, completion_mask) -> None:
+        """Add the micro-batch's kept-token entropy to the accumulation window; at the optimizer step's boundary,
+        step the coefficient with the window's mean over all processes (as TRL's controller) and keep its state in
+        TRL's attributes."""
+        tokens = completion_mask.sum().float().cpu()
+        kept = tokens * float(stats.pg_stats.get("entropy_kept_frac", 1.0))
+        self._erpo_entropy_window += torch.stack([float(stats.pg_stats["bonus_entropy"]) * kept, kept])
+        if self.accelerator.sync_gradients:
+            window = self.accelerator.reduce(self._erpo_entropy_window.to(completion_mask.device), "sum")
+            control.update(float(window[0] / window[1].clamp(min=1.0)))
+            self.entropy_coef, self._last_world_entropy = control.coef, control.last_entropy
+            self._erpo_entropy_window = torch.zeros(2)
 
     @torch.no_grad()
     def _log_loss_metrics(self, stats: obj.LossStats, completion_mask) -> None:
@@ -346,7 +372,10 @@ class ERPOTrainer(GRPOTrainer):
             )
         token_means = {name: stats.pg_stats[key] * real.sum() for name, key in (
             ("clip_ratio/low_mean", "clip_frac_low"), ("clip_ratio/high_mean", "clip_frac_high"),
-        )}  # fmt: skip
+            ("cispo/truncated_frac", "cispo_truncated_frac"), ("gspo/seq_ratio_dev", "seq_ratio_dev"),
+            ("entropy/kept_frac", "entropy_kept_frac"), ("entropy_coef", "entropy_coef"),
+            ("entropy/bonus", "entropy_bonus"), ("entropy/target", "entropy_target"),
+        ) if key in stats.pg_stats}  # fmt: skip
         if stats.rollout_is_ratio is not None:
             token_means["rollout_correction/ratio_mean"] = (stats.rollout_is_ratio * real).sum()
             token_means["rollout_correction/capped_frac"] = (stats.rollout_is_outside * real).sum()

@@ -1,6 +1,7 @@
 """How `ERPOTrainer` (integrations/trl.py) turns its `algorithm` arguments and a `GRPOConfig` into one `Algorithm`:
-TRL's loss type for each of our aggregations, its vLLM importance-sampling modes as our `rollout_correction`, and
-the first GRPOConfig setting it cannot honour, as a one-line reason (docs/trl.md).
+TRL's loss type for each of our aggregations, its vLLM importance-sampling modes as our `rollout_correction`, its
+`importance_sampling_level`, CISPO loss type and entropy settings as our loss-menu fields, and the first GRPOConfig
+setting it cannot honour, as a one-line reason (docs/trl.md).
 
 Importing this module imports TRL.
 """
@@ -31,14 +32,29 @@ def config_default(name: str):
     return GRPOConfig.__dataclass_fields__[name].default
 
 
+def _expected_clip(algorithm: Algorithm) -> dict:
+    """GRPOConfig's `epsilon` / `epsilon_high` as the algorithm's surrogate reads them: PPO's token clip, GSPO's
+    sequence clip, or CISPO's weight cap (TRL's `epsilon_high` under `loss_type='cispo'`, which reads no epsilon)."""
+    if algorithm.policy_loss == "cispo":
+        return {"epsilon_high": algorithm.cispo_weight_cap}
+    low, high = algorithm.clip_low, algorithm.clip_high
+    if algorithm.ratio_level == "sequence":
+        low, high = algorithm.sequence_clip_low, algorithm.sequence_clip_high
+    return {"epsilon": low, "epsilon_high": low if high is None else high}
+
+
 def config_problem(args: GRPOConfig, algorithm: Algorithm) -> str | None:
     """The first setting of `args` or `algorithm` that ERPOTrainer cannot honour, as a one-line reason, or None."""
+    loss_type = "cispo" if algorithm.policy_loss == "cispo" else TRL_LOSS_TYPE.get(algorithm.loss_aggregation)
     expected = {  # GRPOConfig field -> the algorithm's value; a field left at TRL's default follows the algorithm
-        "loss_type": TRL_LOSS_TYPE.get(algorithm.loss_aggregation),
-        "epsilon": algorithm.clip_low,
-        "epsilon_high": algorithm.clip_low if algorithm.clip_high is None else algorithm.clip_high,
+        "loss_type": loss_type,
+        **_expected_clip(algorithm),
         "delta": algorithm.dual_clip,
         "scale_rewards": {"grpo": "group", "dr_grpo": "none"}.get(algorithm.advantage_estimator),
+        "importance_sampling_level": algorithm.ratio_level,
+        "entropy_coef": algorithm.entropy_coef,
+        "use_adaptive_entropy": algorithm.entropy_target is not None,
+        "top_entropy_quantile": algorithm.entropy_top_fraction,
     }
     for name, value in expected.items():
         if getattr(args, name) != config_default(name) and getattr(args, name) != value:
@@ -48,10 +64,6 @@ def config_problem(args: GRPOConfig, algorithm: Algorithm) -> str | None:
             )
     refused = {
         "beta": "Policy-KL needs a reference model, which ERPOTrainer does not load: set beta=0",
-        "importance_sampling_level": "rl_loss is token-level: leave it at 'token'",
-        "top_entropy_quantile": "rl_loss has no entropy mask: leave it at 1.0",
-        "entropy_coef": "rl_loss has no entropy bonus: leave it at 0.0",
-        "use_adaptive_entropy": "rl_loss has no entropy bonus: leave it off",
         "off_policy_mask_threshold": "rl_loss has no off-policy mask: leave it unset",
         "multi_objective_aggregation": "advantages come from the summed rewards: leave it at 'sum_then_normalize'",
     }
@@ -71,6 +83,11 @@ def config_problem(args: GRPOConfig, algorithm: Algorithm) -> str | None:
         return f"algorithm policy_kl_coef={algorithm.policy_kl_coef} needs a reference model: use GRPOTrainer(beta=…)"
     if algorithm.loss_aggregation not in TRL_LOSS_TYPE:
         return f"algorithm loss_aggregation={algorithm.loss_aggregation!r} has no TRL loss_type"
+    if algorithm.policy_loss == "cispo" and algorithm.loss_aggregation != "token_mean":
+        return (
+            f"loss_type 'cispo' is a token mean over the step (TRL's dapo normalisation); the algorithm's "
+            f"loss_aggregation is {algorithm.loss_aggregation!r}: set loss_aggregation='token_mean'"
+        )
     if algorithm.query_weight_source == "current" and args.num_iterations > 1:
         return "GRPOConfig.num_iterations > 1 with query_weight_source 'current' (w(q) is formed once per batch)"
     return None
@@ -85,6 +102,44 @@ def trainer_algorithm(algorithm: str | Algorithm, overrides: dict) -> Algorithm:
         return resolve_algorithm(algorithm, **overrides)
     except ValueError as error:
         raise ValueError(f"ERPOTrainer: {str(error).replace('model.', '')}") from None
+
+
+def trl_loss_menu(args: GRPOConfig, algorithm: Algorithm) -> Algorithm:
+    """`algorithm` with the GRPOConfig loss settings TRL users carry over, set away from TRL's defaults, as our
+    loss-menu fields (a field left at its default keeps the algorithm's):
+
+    - `importance_sampling_level='sequence'` -> `ratio_level='sequence'`; then `epsilon` / `epsilon_high` are the
+      sequence ratio's clip (`sequence_clip_low` / `sequence_clip_high`; GSPO uses 3e-4 / 4e-4);
+    - `loss_type='cispo'` -> `policy_loss='cispo'`, its `epsilon_high` (TRL's ε_max) -> `cispo_weight_cap`;
+    - `entropy_coef` -> `entropy_coef`; `use_adaptive_entropy=True` -> `entropy_target` (TRL's), with
+      `entropy_coef_delta` and [`entropy_coef_min`, `entropy_coef_max`] as `entropy_coef_range`;
+    - `top_entropy_quantile` -> `entropy_top_fraction`.
+    ValueError (from the algorithm's checks) for a value out of our range, e.g. a CISPO cap below 1.
+    """
+    changes: dict = {}
+
+    def changed(name: str) -> bool:
+        return getattr(args, name) != config_default(name)
+
+    if args.importance_sampling_level == "sequence":
+        changes["ratio_level"] = "sequence"
+        if changed("epsilon"):
+            changes["sequence_clip_low"] = args.epsilon
+        if args.epsilon_high is not None:
+            changes["sequence_clip_high"] = args.epsilon_high
+    if args.loss_type == "cispo":
+        changes["policy_loss"] = "cispo"
+        if args.epsilon_high is not None:
+            changes["cispo_weight_cap"] = args.epsilon_high
+    if changed("entropy_coef"):
+        changes["entropy_coef"] = args.entropy_coef
+    if args.use_adaptive_entropy:
+        changes["entropy_target"] = args.entropy_target
+        changes["entropy_coef_delta"] = args.entropy_coef_delta
+        changes["entropy_coef_range"] = (args.entropy_coef_min, args.entropy_coef_max)
+    if changed("top_entropy_quantile"):
+        changes["entropy_top_fraction"] = args.top_entropy_quantile
+    return replace(algorithm, **changes) if changes else algorithm
 
 
 def trl_rollout_correction(args: GRPOConfig, algorithm: Algorithm) -> Algorithm:
