@@ -8,6 +8,9 @@ token mask.
   H̄ is at or below the target.
 - high-entropy mask ("Beyond the 80/20 rule", TRL's `top_entropy_quantile`): only the top-ρ share of tokens by
   entropy keep their policy-gradient term (`high_entropy_mask`).
+
+verl's Clip-Cov / KL-Cov (which clip or KL-penalise the tokens of highest covariance between log π and A) are not
+implemented: they need the batch's covariance ranking inside the surrogate, not a token mask or an added term.
 """
 
 from __future__ import annotations

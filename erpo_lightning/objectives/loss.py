@@ -203,7 +203,8 @@ class LossSettings:
             `top_entropy_quantile`): only response tokens whose entropy is at least the (1 − ρ)-quantile of the
             micro-batch's keep their policy-gradient term (0.2 in the paper; 1 = every token, off); the others
             still count in the aggregation's denominator. The quantile is over each micro-batch on its rank (TRL:
-            over each micro-batch on all ranks), so micro-batching can move the threshold.
+            over each micro-batch on all ranks), so micro-batching can move the threshold. verl's Clip-Cov and
+            KL-Cov (tokens chosen by the covariance of log π and A) are not implemented.
     """
 
     loss_aggregation: AggregationMode = "token_mean"
