@@ -1,4 +1,5 @@
-"""The model card `erpo export` writes beside the weights (`README.md`, Hugging Face's card format).
+"""The model card `erpo export` and `HFExportCallback` write beside the weights (`README.md`, Hugging Face's card
+format).
 
 It says what the folder was trained from (the initial model, the training data), how (the algorithm preset and the
 loss settings it resolves to, LoRA, the rollout's group size and temperature), for how long (the checkpoint's global
@@ -8,13 +9,15 @@ comes from the checkpoint (its module hyper-parameters, and the run config the C
 The sweep's numbers are read, first found first used, from: the metrics file given as `erpo export --metrics`; the
 sweep history a `TemperatureSweepCallback` keeps in the checkpoint (the sweeps run up to its save, each with its
 global step); the `metrics.csv` a CSVLogger wrote beside the checkpoint (in its folder, or the folder above: Lightning
-puts `checkpoints/` inside the logger's version folder). In a metrics file the sweep is the last row holding
-`val/avg@k/mean` logged at a step no later than the checkpoint's logger step (`logger_step`): a later row measured
-weights the checkpoint does not hold. The callback logs the sweep after u training steps at step u - 1 and a final
-sweep at the last step, so for a checkpoint saved mid-run a row logged at its very step may be the sweep one step
-after it; the checkpoint's own history has no such doubt, which is why it comes before the file beside it. When none
-is found the card says "No sweep was logged"; a source that cannot be read is named in the card with the cause, and
-the export goes on.
+puts `checkpoints/` inside the logger's version folder), when it is the log of the run that wrote the checkpoint
+(`other_runs_metrics`: the checkpoint records its run's CSV log folder; another run's file is skipped, with a note in
+the card naming it; a checkpoint older than that record takes the file, with a note saying it was not checked). In
+a metrics file the sweep is the last row holding `val/avg@k/mean` logged at a step no later than the checkpoint's
+logger step (`logger_step`): a later row measured weights the checkpoint does not hold. The callback logs the sweep
+after u training steps at step u - 1 and a final sweep at the last step, so for a checkpoint saved mid-run a row
+logged at its very step may be the sweep one step after it; the checkpoint's own history has no such doubt, which is
+why it comes before the file beside it. When none is found the card says "No sweep was logged"; a source that
+cannot be read is named in the card with the cause, and the export goes on.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import csv
 import importlib.metadata
 import math
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -65,6 +69,49 @@ def metrics_beside(ckpt_path: Path) -> Path | None:
     return None
 
 
+def other_runs_metrics(checkpoint: dict[str, Any], ckpt_path: Path, metrics_file: Path) -> tuple[bool, str | None]:
+    """(whether `metrics_file`, found beside `ckpt_path`, is read as the log of the run that wrote `checkpoint`, a note
+    for the card or None).
+
+    The checkpoint records where its run logged (`logged_run` in its `erpo` entry: each CSVLogger's version folder and
+    the checkpoint folder, resolved). The file is the run's when its folder is one of those; or, for a run folder moved
+    or copied whole, when its folder has the same name as one of them and the checkpoint sits where the run saved
+    relative to it. A run that logged no metrics.csv has none beside its checkpoint. A checkpoint that does not record
+    where it logged (older ones) takes the file, saying so."""
+    record = (checkpoint.get("erpo") or {}).get("logged_run")
+    folder = metrics_file.parent.resolve()
+    if not isinstance(record, dict):
+        return True, (
+            f"{metrics_file} was taken as this run's log without a check: the checkpoint does not record where its "
+            "run logged (written before erpo-lightning recorded it)"
+        )
+    logged = [Path(path) for path in record.get("csv_log_dirs") or []]
+    if not logged:
+        return False, (
+            f"{metrics_file} was not read: the run that wrote the checkpoint logged no metrics.csv (no CSVLogger)"
+        )
+    if folder in logged:
+        return True, None
+    saved_in = record.get("checkpoint_dir")
+    for log_dir in logged:
+        if log_dir.name != folder.name:
+            continue
+        if saved_in is None or _relative(Path(saved_in), log_dir) == _relative(ckpt_path.parent.resolve(), folder):
+            return True, None
+    return False, (
+        f"{metrics_file} was not read: it is not the log of the run that wrote the checkpoint, which logged to "
+        f"{', '.join(map(str, logged))}; pass that run's file with --metrics"
+    )
+
+
+def _relative(path: Path, start: Path) -> str | None:
+    """`path` relative to `start` (`..` allowed), or None when they share no root."""
+    try:
+        return os.path.relpath(path, start)
+    except ValueError:
+        return None
+
+
 def logger_step(checkpoint: dict[str, Any]) -> int | None:
     """The step the run's loggers had reached when `checkpoint` was saved (training batches that stepped the
     optimizer; the global step counts optimizer steps, several per batch under `num_iterations`); None if unknown."""
@@ -88,7 +135,7 @@ def last_sweep_in_file(metrics_file: Path, max_step: int | None) -> LoggedSweep 
     return found
 
 
-def last_sweep_in_checkpoint(checkpoint: dict[str, Any], ckpt_path: Path) -> LoggedSweep | None:
+def last_sweep_in_checkpoint(checkpoint: dict[str, Any], ckpt_path: Path | None) -> LoggedSweep | None:
     """The last sweep of the history (global step, values) a TemperatureSweepCallback keeps in `checkpoint`, or
     None."""
     for key, state in (checkpoint.get("callbacks") or {}).items():
@@ -96,7 +143,8 @@ def last_sweep_in_checkpoint(checkpoint: dict[str, Any], ckpt_path: Path) -> Log
         if history:
             step, values = history[-1]
             kept = {name: float(value) for name, value in values.items() if is_sweep_metric(name)}
-            return LoggedSweep(kept, f"run at global step {int(step)}, read from the sweep history in {ckpt_path}")
+            where = f"in {ckpt_path}" if ckpt_path is not None else "the run kept"
+            return LoggedSweep(kept, f"run at global step {int(step)}, read from the sweep history {where}")
     return None
 
 
@@ -107,7 +155,7 @@ def is_sweep_metric(name: str) -> bool:
 
 
 def find_sweep(
-    checkpoint: dict[str, Any], ckpt_path: Path, metrics_file: Path | None
+    checkpoint: dict[str, Any], ckpt_path: Path | None, metrics_file: Path | None
 ) -> tuple[LoggedSweep | None, list[str]]:
     """The run's last sweep up to the checkpoint (the module docstring says where it is looked for), and a note for
     each source that could not be read."""
@@ -123,15 +171,17 @@ def find_sweep(
         try:
             return last_sweep_in_checkpoint(checkpoint, ckpt_path)
         except (AttributeError, TypeError, ValueError) as error:  # a history kept in another shape
-            notes.append(f"the sweep history in {ckpt_path} could not be read ({type(error).__name__})")
+            notes.append(f"the sweep history in {ckpt_path or 'the run'} could not be read ({type(error).__name__})")
             return None
 
     notes: list[str] = []
     sweep = from_file(metrics_file) if metrics_file is not None else None
     sweep = sweep or from_checkpoint()
-    beside = metrics_beside(ckpt_path)
+    beside = metrics_beside(ckpt_path) if ckpt_path is not None else None
     if sweep is None and beside is not None and beside != metrics_file:
-        sweep = from_file(beside)
+        ours, note = other_runs_metrics(checkpoint, ckpt_path, beside)
+        notes += [note] if note is not None else []
+        sweep = from_file(beside) if ours else None
     return sweep, notes
 
 
@@ -216,10 +266,18 @@ def pairs(values: dict[str, Any], keys: list[str]) -> str:
 
 
 def model_card(
-    checkpoint: dict[str, Any], ckpt_path: str | Path, base_model: str, metrics_file: str | Path | None = None
+    checkpoint: dict[str, Any],
+    ckpt_path: str | Path | None,
+    base_model: str,
+    metrics_file: str | Path | None = None,
+    writer: str = "`erpo export`",
 ) -> str:
     """The README.md text of the export of `checkpoint` (read from `ckpt_path`) trained from `base_model` (a local
-    folder's absolute path or a Hub id); the sweep from `metrics_file` when given (module docstring)."""
+    folder's absolute path or a Hub id); the sweep from `metrics_file` when given (module docstring).
+
+    `ckpt_path` None: the folder was written from the policy in memory (`HFExportCallback`, whose `checkpoint` is
+    the same entries gathered from the trainer: `callbacks.export.run_state`); no metrics file is looked for beside
+    it. `writer` names what wrote the folder, in the card's last line."""
     settings = checkpoint.get("hyper_parameters") or {}
     run_config = checkpoint.get(CONFIG_KEY) or {}
     if not settings:
@@ -229,10 +287,12 @@ def model_card(
     if not Path(base_model).exists():  # a Hub id: the Hub links the card to it; a local path would not resolve
         front = {"base_model": base_model, **front}
     step = checkpoint.get("global_step")
-    sweep, notes = find_sweep(checkpoint, Path(ckpt_path), Path(metrics_file) if metrics_file is not None else None)
+    path = Path(ckpt_path) if ckpt_path is not None else None
+    sweep, notes = find_sweep(checkpoint, path, Path(metrics_file) if metrics_file is not None else None)
     lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", "# Policy trained with erpo-lightning"]
-    lines += ["", f"- base model: `{base_model}`", f"- checkpoint: `{ckpt_path}`"]
+    source = f"`{ckpt_path}`" if ckpt_path is not None else "none (written from the policy in memory)"
+    lines += ["", f"- base model: `{base_model}`", f"- checkpoint: {source}"]
     lines += [f"- global step: {step if step is not None else 'unknown (the checkpoint does not say)'}", ""]
     lines += training_section(settings, run_config) + [""] + sweep_section(sweep, notes)
-    lines += ["", "## Software", "", f"Exported by `erpo export` of erpo-lightning {package_version()}."]
+    lines += ["", "## Software", "", f"Exported by {writer} of erpo-lightning {package_version()}."]
     return "\n".join(lines) + "\n"

@@ -4,7 +4,8 @@
 `model.peft.checkpoint` is `adapters`, refuses (ValueError naming the weight) a checkpoint with a NaN or infinite
 weight, records the sha256 of every tensor of the state dict (`checkpointing.DIGEST_KEY`; not for FSDP2's sharded
 state dicts), and adds the `erpo` entry: the optimizer-step counters, the non-finite guard's counts and every RNG
-state, so a resumed run continues where it stopped. `load_module_state` runs in `on_load_checkpoint`: it refuses a
+state, so a resumed run continues where it stopped, and where the run logs (`logged_run`: its CSV logger's folder,
+which the model card checks a metrics.csv against). `load_module_state` runs in `on_load_checkpoint`: it refuses a
 checkpoint whose tensors no longer hash as recorded (`checkpointing.check_tensor_digest`, naming the file and the
 tensor) before any weight is loaded, and undoes the rest.
 """
@@ -12,7 +13,7 @@ tensor) before any weight is loaded, and undoes the rest.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +25,8 @@ from erpo_lightning.modules.lora_files import (
     trainable_state_names,
 )
 from erpo_lightning.rng import rng_state, set_rng_state
+
+LOGGED_RUN_KEY = "logged_run"  # in the checkpoint's `erpo` entry: `logged_run`
 
 if TYPE_CHECKING:
     from erpo_lightning.modules.erpo_module import ERPOModule
@@ -46,6 +49,19 @@ def save_module_state(module: ERPOModule, checkpoint: dict) -> None:
         # Unseeded rollouts and any other sampling draw from these: a resumed run continues their streams.
         "rng": rng_state(),
     }
+    if module._trainer is not None:
+        checkpoint["erpo"][LOGGED_RUN_KEY] = logged_run(module.trainer)
+
+
+def logged_run(trainer: Any) -> dict[str, Any]:
+    """Where the run logs and saves, for the model card to tell its own metrics.csv from another run's
+    (`model_card.metrics_beside`): the resolved version folder of each CSVLogger (`csv_log_dirs`, [] without one) and
+    the checkpoint callback's folder (`checkpoint_dir`, None when unknown)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    folders = [str(Path(logger.log_dir).resolve()) for logger in trainer.loggers if isinstance(logger, CSVLogger)]
+    dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
+    return {"csv_log_dirs": folders, "checkpoint_dir": str(Path(dirpath).resolve()) if dirpath else None}
 
 
 def load_module_state(module: ERPOModule, checkpoint: dict) -> None:
