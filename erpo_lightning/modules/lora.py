@@ -206,7 +206,7 @@ def check_lora_targets_before_loading(
     if skeleton is not None:
         check_lora_targets(lora, skeleton, str(model_path))
     if lora.adapter_path is not None:
-        check_adapter_folder(lora, skeleton, str(model_path or "the model"))
+        check_adapter_folder(lora, skeleton, str(model_path or "the model"), model_path)
 
 
 def adapter_parameters_before_loading(

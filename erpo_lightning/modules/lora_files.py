@@ -12,6 +12,7 @@ weight files (`data.fingerprint.weights_hash`, the reference cache's own): loadi
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,13 +63,78 @@ def read_adapter_config(folder: str) -> dict[str, Any]:
     return config
 
 
-def check_adapter_folder(lora: LoraSettings, skeleton: torch.nn.Module | None, source: str) -> None:
+def check_adapter_weights_file(folder: str) -> None:
+    """ValueError naming the file when the `adapter_model.safetensors` of the adapter folder `folder` cannot be read
+    (a header that does not parse, a file cut short of the tensors its header lists). Reads the header only."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(folder).expanduser() / ADAPTER_WEIGHTS
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as error:
+        raise ValueError(adapter_file_problem(path, error)) from None
+
+
+def adapter_file_problem(path: Path, error: Exception) -> str:
+    """The line for an adapter weight file that safetensors cannot read: the file, its size and safetensors' cause."""
+    cause = " ".join(str(error).split()) or type(error).__name__
+    size = f"{path.stat().st_size} bytes" if path.is_file() else "missing"
+    return (
+        f"model.peft.adapter_path: {path} cannot be read ({size}; {cause}): a damaged or cut-short file (an "
+        "interrupted copy or save?); copy or export the adapter again (`erpo export --adapter_out`)"
+    )
+
+
+def adapter_base_problem(
+    config: Mapping[str, Any], folder: str, model_path: str | None
+) -> tuple[str | None, str | None]:
+    """(refusal, warning) about the base model the adapter at `folder` was trained on: its `adapter_config.json`'s
+    `base_model_name_or_path` against `model.model_path`. Nothing when either is unknown or they name the same file
+    or folder (or Hub id). Both local folders: compared by the sha256 of their weight files (`base_weights_hash`,
+    remembered per file version): equal is a copy (nothing), different is the refusal. Otherwise (a Hub id against a
+    local folder, or a base not on this machine) the names alone differ: the warning."""
+    recorded = config.get("base_model_name_or_path")
+    if not recorded or not model_path or str(recorded) == str(model_path):
+        return None, None
+    ours, theirs = Path(str(model_path)).expanduser(), Path(str(recorded)).expanduser()
+    if ours.exists() and theirs.exists():
+        if ours.resolve() == theirs.resolve():
+            return None, None
+        if ours.is_dir() and theirs.is_dir():
+            found, trained = base_weights_hash(str(ours)), base_weights_hash(str(theirs))
+            if found == trained:
+                return None, None
+            return (
+                f"model.peft.adapter_path {folder} was trained on {recorded} (base_model_name_or_path in its "
+                f"{ADAPTER_CONFIG}), whose weight files hash to {trained[:16]}, but model.model_path {model_path} "
+                f"hashes to {found[:16]}: the adapter would sit on another model's weights; set model.model_path to "
+                f"{recorded}, or start from an adapter trained on {model_path}",
+                None,
+            )
+    return None, (
+        f"model.peft.adapter_path {folder} was trained on {recorded} (base_model_name_or_path in its "
+        f"{ADAPTER_CONFIG}), and model.model_path is {model_path}; they cannot be compared here (not both local "
+        f"folders): if {model_path} is not a copy of {recorded}, the adapter sits on another model's weights"
+    )
+
+
+def check_adapter_folder(
+    lora: LoraSettings, skeleton: torch.nn.Module | None, source: str, model_path: str | None = None
+) -> None:
     """ValueError naming the field when the adapter at `lora.adapter_path` is not one these settings describe: a
     LoRA variant (DoRA, rsLoRA, biases, extra trained modules, per-layer ranks), or its r / lora_alpha differ from
     `model.peft.r` / `alpha`, or (on the model's meta-device `skeleton`, when there is one) it adapts other layers
-    than `model.peft.target_modules`. `dropout` may differ: it shapes no weight. Reads the config, no weights."""
+    than `model.peft.target_modules`; its weight file cannot be read (`check_adapter_weights_file`, naming the file);
+    or it was trained on another base than `model_path` (`adapter_base_problem`, naming both; the warning it may give
+    instead is printed when the weights load). `dropout` may differ: it shapes no weight. Reads the config and the
+    weight file's header, no weights."""
     config = read_adapter_config(lora.adapter_path)
     where = f"model.peft.adapter_path {lora.adapter_path}"
+    check_adapter_weights_file(lora.adapter_path)
+    refusal, _ = adapter_base_problem(config, lora.adapter_path, model_path)
+    if refusal is not None:
+        raise ValueError(refusal)
     if config.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{where}: a {config.get('peft_type')} adapter; only LoRA adapters can start a run")
     for key, plain in _PLAIN_LORA:
@@ -98,11 +164,23 @@ def check_adapter_folder(lora: LoraSettings, skeleton: torch.nn.Module | None, s
 def load_adapter_weights(policy: torch.nn.Module, folder: str) -> None:
     """Copy the adapter of the peft folder `folder` into the adapters of `policy` (`add_lora_adapters` with the
     same settings): every trainable parameter gets the tensor of its name, cast to its dtype. ValueError naming
-    `model.peft.adapter_path` when a name is on one side only or a shape differs."""
+    `model.peft.adapter_path` when a name is on one side only or a shape differs, when the weight file cannot be read
+    (naming it), or when the adapter was trained on another base than `policy.name_or_path` (`adapter_base_problem`;
+    a warning line when the two can only be compared by name)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     where = f"model.peft.adapter_path {folder}"
-    saved = load_file(Path(folder).expanduser() / ADAPTER_WEIGHTS)
+    refusal, warning = adapter_base_problem(read_adapter_config(folder), folder, getattr(policy, "name_or_path", None))
+    if refusal is not None:
+        raise ValueError(refusal)
+    if warning is not None:
+        print(f"[erpo] warning: {warning}", file=sys.stderr, flush=True)
+    path = Path(folder).expanduser() / ADAPTER_WEIGHTS
+    try:
+        saved = load_file(path)
+    except (SafetensorError, OSError) as error:
+        raise ValueError(adapter_file_problem(path, error)) from None
     weights = {_policy_name(name): tensor for name, tensor in saved.items()}
     adapters = {name: parameter for name, parameter in policy.named_parameters() if parameter.requires_grad}
     missing, extra = sorted(adapters.keys() - weights.keys()), sorted(weights.keys() - adapters.keys())
