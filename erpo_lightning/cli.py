@@ -96,6 +96,7 @@ try:
         check_moved_keys,
         check_repeated_keys,
         check_settings,
+        check_source_merges,
         check_top_level_keys,
         check_validated_checkpoints,
         config_files,
@@ -278,6 +279,7 @@ class ERPOCLI(LightningCLI):
                 check_repeated_keys(path)
                 check_top_level_keys(path, known, subcommand, elsewhere)
             check_moved_keys(args[args.index(subcommand) + 1 :])
+            check_source_merges(args[args.index(subcommand) + 1 :])
         # Validated after the loggers are placed: a logger left without a save_dir is valid once it follows the root.
         self.config = parser.parse_args(replacing_lists(joined_negative_numbers(args)), _skip_validation=True)
         config = self.config if subcommand is None else self.config[subcommand]

@@ -165,6 +165,66 @@ def check_moved_keys(args: list[str]) -> None:
             raise SettingsError(f"{key} has moved: w(q) is the algorithm's, set {MOVED_KEYS[key]}")
 
 
+# Where a source lives: a later config file's item naming another one than the item it lands on is another source.
+_SOURCE_LOCATION = ("name", "path", "hub_id", "label")
+
+
+def _train_items(value: object) -> list[dict] | None:
+    """`value` as a list of source mappings, or None when it is not one (the parser reports what it is)."""
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        return value
+    return None
+
+
+def check_source_merges(args: list[str]) -> None:
+    """A SettingsError naming a `data.train` item of a later config file that would inherit another source's fields.
+
+    jsonargparse merges a later config file's `data.train` into the earlier list key by key, item by item, when both
+    lists have the same length (a list of another length replaces it). An item that names another source (another
+    `name`, `path`, `hub_id` or `label`) than the item at its position would silently keep that item's other keys
+    (its `limit`, `hub_id`, `config`, `answer_transform`...). An item that names no other source (`{limit: 32}`)
+    changes the earlier one on purpose and is let through. `args`: the arguments after the subcommand.
+    """
+    current: list[tuple[dict, str]] | None = None  # the list so far: each item and the file (or flag) it came from
+    for index, arg in enumerate(args):
+        flag, _, inline = arg.partition("=")
+        if flag == "--data.train":  # on the command line a list replaces the earlier one (`replacing_lists`)
+            text = inline if inline else (args[index + 1] if index + 1 < len(args) else "")
+            try:
+                items = _train_items(yaml.safe_load(text))
+            except yaml.YAMLError:
+                items = None
+            current = None if items is None else [(item, arg) for item in items]
+            continue
+        if arg not in ("--config", "-c") and flag != "--config":
+            continue
+        path = inline if flag == "--config" and inline else (args[index + 1] if index + 1 < len(args) else "")
+        try:
+            content = yaml.safe_load(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # not a readable YAML file: the parser reports it
+        data = content.get("data") if isinstance(content, dict) else None
+        items = _train_items(data.get("train")) if isinstance(data, dict) else None
+        if items is None:
+            continue
+        if current is None or len(current) != len(items):
+            current = [(item, path) for item in items]
+            continue
+        for position, (item, (earlier, origin)) in enumerate(zip(items, current, strict=True)):
+            named = {key: item[key] for key in _SOURCE_LOCATION if item.get(key) is not None}
+            other = any(earlier.get(key) != value for key, value in named.items())
+            inherited = {key: value for key, value in earlier.items() if key not in item and value is not None}
+            if other and inherited:
+                kept = ", ".join(f"{key}: {value}" for key, value in inherited.items())
+                raise SettingsError(
+                    f"{path}: data.train[{position}] ({', '.join(f'{k}: {v}' for k, v in named.items())}) would be "
+                    f"merged key by key into data.train[{position}] of {origin}, a list of the same length, and "
+                    f"silently inherit {kept}. Start the list afresh with --data.train=[] before --config {path}, give "
+                    "the whole list in one file, or write the item in full"
+                )
+        current = [({**earlier, **item}, path) for item, (earlier, _) in zip(items, current, strict=True)]
+
+
 def logger_entries(config: Namespace) -> list[Namespace]:
     """The configured loggers of `trainer.logger` (one or a list) as `class_path` / `init_args` namespaces; none when
     it is a bool (True: Lightning's own CSV logger, already under default_root_dir) or unset."""
