@@ -10,7 +10,6 @@ from helpers.step_runs import LayoutScores, prepared, step
 from erpo_lightning.algorithms import resolve_algorithm
 from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
-from erpo_lightning.modules.settings import check_module_settings
 from erpo_lightning.tiny_qwen2 import load_tiny_model
 
 
@@ -73,9 +72,3 @@ def test_lora_adapters_train_the_same_under_the_shared_prompt(tiny_model_path):
     assert shared.keys() == plain.keys() and all("lora_" in name for name in plain)
     for name in plain:
         torch.testing.assert_close(shared[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_gradient_checkpointing_is_refused_with_the_shared_prompt():
-    with pytest.raises(ValueError, match="gradient_checkpointing.*drop that cache"):
-        check_module_settings({"query_kl_scoring": "shared_prompt", "gradient_checkpointing": True})
-    check_module_settings({"query_kl_scoring": "exact", "gradient_checkpointing": True})

@@ -78,8 +78,8 @@ class ERPOModule(L.LightningModule):
             reference cache's layout (`update/query_pass.py`), equal to the cache bit for bit at θ0 in any
             precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_prompt`:
             that same forward of each query also carries its G responses, which run on its cached keys and values
-            (`update/shared_prompt.py`): exact, and each prompt is forwarded once per step instead of G + 1 times;
-            not with gradient checkpointing. `shared_forward`:
+            (`update/shared_prompt.py`): exact, and each prompt is forwarded once per step instead of G + 1 times,
+            with or without gradient checkpointing. `shared_forward`:
             from the [prompt; response] forward that scores the responses (the paper's "no extra forward"), whose
             rounding differs from the cache's, so `query_kl_tolerance` defaults to the compute dtype's noise floor.
         skip_zero_signal_steps: skip an optimizer step whose gradient is exactly 0 on every rank (no group with

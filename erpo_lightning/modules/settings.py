@@ -75,12 +75,6 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         settings.get("weight_decay"), settings.get("warmup_steps", 0),
     )  # fmt: skip
     NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
-    if settings.get("query_kl_scoring") == "shared_prompt" and settings.get("gradient_checkpointing"):
-        raise ValueError(
-            "model.query_kl_scoring 'shared_prompt' cannot be combined with model.gradient_checkpointing: the "
-            "responses run on their prompt's cached keys and values, and Hugging Face models drop that cache under "
-            "gradient checkpointing; use query_kl_scoring 'exact' (its step forwards each prompt with its responses)"
-        )
     if settings.get("fused_output_layer"):
         check_fusable_before_loading(settings.get("model_path"), bool(settings.get("trust_remote_code", False)))
     if settings.get("peft") is not None:  # LoRA: its ranges, peft installed, its targets, before any weight loads

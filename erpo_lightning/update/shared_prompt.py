@@ -12,19 +12,38 @@ backward stops at detached copies of the keys, values and last logits (leaves, w
 `PromptPass.closing_loss` sends what they gathered, with the Query-KL term, through the prompt forward once. The
 loss and gradients equal the plain forward's up to float rounding (tests/test_shared_prompt.py).
 
-Hugging Face drops the key/value cache under gradient checkpointing, so that combination is refused
-(`modules/settings.py`). Under DDP and FSDP2 (gloo, 2 processes) a run equals one process's
-(tests/test_distributed.py).
+Gradient checkpointing (`model.gradient_checkpointing`) keeps working, for both forwards. Hugging Face's
+checkpointed layers would drop `past_key_values` (they cannot know whether a recomputation in backward writes the
+cache twice), and a `DynamicCache`'s `update` appends in place, so a layer recomputed in backward would see its
+keys twice. Both forwards therefore run on a `PrefixCache`, whose `update` returns prefix ⊕ new states from a
+throwaway copy of the layer and never changes what it holds: a recomputation sees exactly what the first forward
+saw, so each layer may be told it only reads the cache (`_can_checkpoint_with_cache`, set for the forward's
+duration). The prompt forward's cache holds no prefix: it records the keys and values each layer's first call
+returned, the tensors the responses read, and backward from them recomputes their layer like any checkpointed
+activation (non-reentrant checkpointing, which `ERPOModule` uses; reentrant checkpointing runs its forward without
+a graph, so it is refused here). The prompt forward thus stays checkpointed too: what it keeps until the step's
+last backward is the keys, values and logits the responses read, not every layer's activations. A cache a model
+did not read raises (`PrefixCache.check_read`), so no transformers version can drop it silently. Under checkpointing
+the loss and gradients equal the exact step's within rounding (tests/test_shared_prompt_checkpointing.py).
+
+Under DDP and FSDP2 (gloo, 2 processes) a run equals one process's (tests/test_distributed.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
+
+try:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+except ImportError:  # transformers before the per-layer checkpointing class
+    GradientCheckpointingLayer = None
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
@@ -34,6 +53,95 @@ from erpo_lightning.update.query_pass import exact_query_kl
 
 if TYPE_CHECKING:
     from erpo_lightning.update.step import LossRows
+
+
+class PrefixCache(DynamicCache):
+    """A key/value cache that a recomputing forward cannot corrupt: `update` returns the held prefix ⊕ the new
+    states ([B, H, prefix + T, D]) as `DynamicCache.update` would, from a throwaway copy of the layer, so the cache
+    never changes and a layer recomputed in backward sees exactly what its first call saw.
+
+    Args:
+        prefix: per layer, the ([B, H, W, D] keys, values) every call is given before its own tokens; None: no
+            prefix (the prompt forward, which reads back what its layers computed through `seen`).
+        config: the model's config, for its layer types (sliding windows), as `DynamicCache` takes it.
+    Attributes:
+        seen: layer index -> the (keys, values) that layer's first `update` returned; later calls (the
+            recomputations of checkpointed layers) leave it alone.
+    """
+
+    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None, config: Any = None) -> None:
+        super().__init__(ddp_cache_data=prefix, config=config)
+        self.seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        while self.layer_class_to_replicate is not None and len(self.layers) <= layer_idx:
+            self.layers.append(self.layer_class_to_replicate())
+        # A layer's `update` rebinds its tensors and counters rather than writing into them, so updating a shallow
+        # copy leaves this cache's layer exactly as it was.
+        keys, values = copy.copy(self.layers[layer_idx]).update(key_states, value_states, *args, **kwargs)
+        self.seen.setdefault(layer_idx, (keys, values))
+        return keys, values
+
+    def check_read(self, layers: int) -> None:
+        """RuntimeError unless each of the model's `layers` attention layers read this cache in the forward."""
+        if sorted(self.seen) != list(range(layers)):
+            raise RuntimeError(
+                f"query_kl_scoring 'shared_prompt': the model read its key/value cache in {len(self.seen)} of "
+                f"{layers} layers (this transformers version drops it, e.g. under gradient checkpointing); use "
+                "query_kl_scoring 'exact'"
+            )
+
+
+def _checkpointed_layers(policy: torch.nn.Module) -> list[torch.nn.Module]:
+    """The policy's layers that Hugging Face's gradient checkpointing wraps in a forward now (training mode)."""
+    if GradientCheckpointingLayer is None:  # transformers without it: `PrefixCache.check_read` still guards
+        return []
+    return [
+        module
+        for module in policy.modules()
+        if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing and module.training
+    ]
+
+
+@contextmanager
+def _cache_kept_under_checkpointing(policy: torch.nn.Module) -> Iterator[None]:
+    """For one forward on a `PrefixCache`: its checkpointed layers keep `past_key_values` instead of dropping it
+    (the cache is read only, so their recomputation in backward is idempotent)."""
+    layers = _checkpointed_layers(policy)
+    for module in layers:
+        # Reentrant checkpointing (torch's default when not named) runs the forward without a graph, so the prompt's
+        # keys and values, read from inside the layer, would carry none and the responses' gradient would stop there.
+        options = getattr(module._gradient_checkpointing_func, "keywords", None)
+        if options is not None and options.get("use_reentrant", True) is not False:
+            raise RuntimeError(
+                "query_kl_scoring 'shared_prompt' needs non-reentrant gradient checkpointing: enable it with "
+                "gradient_checkpointing_kwargs={'use_reentrant': False} (as ERPOModule does), or use "
+                "query_kl_scoring 'exact'"
+            )
+    for module in layers:
+        module._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for module in layers:
+            del module._can_checkpoint_with_cache  # back to the class's value
+
+
+class _OnCache:
+    """`policy` as `data.query_scoring.forward_block` calls it, with every call made on `cache`: the prompt forward
+    then runs in the scoring layout's exact shape (`use_cache` off, so no cache of the model's own is made)."""
+
+    def __init__(self, policy: torch.nn.Module, cache: PrefixCache) -> None:
+        self.policy, self.cache = policy, cache
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.policy.parameters()
+
+    def __call__(self, **inputs: Any) -> Any:
+        with _cache_kept_under_checkpointing(self.policy):
+            return self.policy(**{**inputs, "use_cache": False, "past_key_values": self.cache})
 
 
 @dataclass
@@ -95,8 +203,8 @@ class PromptPass:
         places = torch.tensor([self.row_of[int(q)] for q in rows.query_index.tolist()], device=device)
         lengths = self.lengths[places]
         width = int(lengths.max())
-        cache = DynamicCache(
-            ddp_cache_data=[
+        cache = PrefixCache(
+            [
                 (keys.index_select(0, places)[:, :, :width], values.index_select(0, places)[:, :, :width])
                 for keys, values in zip(self.keys, self.values, strict=True)
             ],
@@ -110,10 +218,11 @@ class PromptPass:
             "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
             "position_ids": positions,
             "past_key_values": cache,
-            "use_cache": True,
+            "use_cache": False,  # the cache is an input here: nothing is appended to it
         }
-        with output_layer_bypassed(policy, self.fused_output) as head:
+        with output_layer_bypassed(policy, self.fused_output) as head, _cache_kept_under_checkpointing(policy):
             window = policy(**inputs).logits
+        cache.check_read(len(self.keys))
         weight = None if head is None else head.weight
         # Position j of the response forward predicts response token j + 1; column 0 is scored below.
         rest, rest_entropy = window_logprobs_and_entropy(
@@ -166,14 +275,17 @@ def prompt_pass(
     blocks: list[_Block] = []
     with_grad = torch.is_grad_enabled()
 
+    config = getattr(policy, "config", None)
+
     def score(model: torch.nn.Module, queries: list[list[int]], layout: QueryScoringLayout) -> list[torch.Tensor]:
+        cache = PrefixCache(config=config)
         with torch.set_grad_enabled(with_grad):  # the responses need the prompt's graph even when α = 0
-            output, scores = forward_block(model, queries, layout, keep_cache=True)
-        layers = output.past_key_values.layers
+            output, scores = forward_block(_OnCache(model, cache), queries, layout, keep_cache=True)
+        layers = len(cache.seen) if config is None else len(cache.layers)
+        cache.check_read(max(layers, 1))
+        seen = [cache.seen[layer] for layer in range(layers)]
         lengths = [len(ids) for ids in queries]
-        blocks.append(
-            _Block(lengths, [layer.keys for layer in layers], [layer.values for layer in layers], output.logits)
-        )
+        blocks.append(_Block(lengths, [keys for keys, _ in seen], [values for _, values in seen], output.logits))
         return scores
 
     term, drift = exact_query_kl(
