@@ -54,7 +54,16 @@ ARMS = {
     "erpo_alone": ("erpo", "exact", False, ALONE),
     "grpo_alone": ("grpo", "exact", False, ALONE),
     "erpo_shared_prompt_alone": ("erpo", "shared_prompt", False, ALONE),
+    # the loss menu (issue 70): GSPO's sequence ratio, CISPO, and grpo with the entropy bonus (ARM_SETTINGS), whose
+    # forward scores the entropy with gradient
+    "gspo": ("gspo", "exact", False, None),
+    "gspo_erpo": ("gspo_erpo", "exact", False, None),
+    "cispo": ("cispo", "exact", False, None),
+    "cispo_erpo": ("cispo_erpo", "exact", False, None),
+    "grpo_entropy_bonus": ("grpo", "exact", False, None),
 }
+# arm -> extra ERPOModule settings of that arm
+ARM_SETTINGS = {"grpo_entropy_bonus": {"entropy_coef": 0.01}}
 Strategy = Literal["auto", "model_parallel"]
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
 # "0.5b" is Qwen2.5-0.5B's, "1.5b" Qwen2-1.5B's (both with the 151,936-token vocabulary).
@@ -223,6 +232,7 @@ def worker(args) -> dict:
     module = ERPOModule(
         str(model_path), algorithm=algorithm, dtype=args.dtype, micro_batch_tokens=args.micro_batch_tokens,
         query_kl_scoring=scoring, **({"fused_output_layer": True} if fused else {}),  # a baseline tree may lack it
+        **ARM_SETTINGS.get(args.arm, {}),
     )  # fmt: skip
     device = torch.device(args.device)
     if args.strategy == "auto":
@@ -336,6 +346,12 @@ RATIOS = {  # name -> (numerator, denominator, quantity)
     "step_erpo_alone_over_grpo_alone": ("erpo_alone", "grpo_alone", "step_s_median"),
     "step_erpo_alone_over_erpo": ("erpo_alone", "erpo", "step_s_median"),
     "above_rest_erpo_alone_over_erpo": ("erpo_alone", "erpo", "above_rest_mib_median"),
+    "step_gspo_over_grpo": ("gspo", "grpo", "step_s_median"),
+    "step_gspo_erpo_over_erpo": ("gspo_erpo", "erpo", "step_s_median"),
+    "step_cispo_over_grpo": ("cispo", "grpo", "step_s_median"),
+    "step_cispo_erpo_over_erpo": ("cispo_erpo", "erpo", "step_s_median"),
+    "step_grpo_entropy_bonus_over_grpo": ("grpo_entropy_bonus", "grpo", "step_s_median"),
+    "peak_grpo_entropy_bonus_over_grpo": ("grpo_entropy_bonus", "grpo", "peak_mib"),
 }
 
 
