@@ -21,7 +21,9 @@ import json
 import sys
 from pathlib import Path
 
+from studies.engine.claims import BASE_ARM, Claim
 from studies.engine.definition import ALL_QUERIES, ReportInputs, Study, StudySettings
+from studies.engine.paired import MeanCheck, PairedInterval
 from studies.engine.run import main as run_study_main
 from studies.toy.study import shipped_model
 
@@ -69,6 +71,39 @@ QUICK = StudySettings(steps=4, seeds=(810,), temperatures=(1.0, 1.5), eval_probl
                       validation=VALIDATION_FILE)  # fmt: skip
 
 
+# Decision rules (good_lr_plan.md, "Claims (core)" and "The monitor claim").
+BEATS = PairedInterval(effect=2.0)
+PREDICTS = PairedInterval(effect=0.5)
+VALID = MeanCheck("valid.grpo_learns", "grpo's training-query Avg@4 at T = 1.0 over its last three sweeps ends at "
+                  "least 10 points above the base model's (mean over seeds)", "train T=1 end", arm="grpo",
+                  minus_arm=BASE_ARM, low=10.0, fails_as="invalid")  # fmt: skip
+PASSED_BEST = MeanCheck("testable.grpo_passed_best", "grpo's test-set Avg@4 at T = 1.0 ends at least 2 points below "
+                        "its best three-sweep mean (mean over seeds)", "drawdown T=1", arm="grpo", low=2.0,
+                        fails_as="untestable")  # fmt: skip
+GUARD = MeanCheck("guard.learns", "erpo's training-query Avg@4 at T = 1.0 over its last three sweeps is at most 3 "
+                  "points below grpo's (mean over seeds)", "train T=1 end", minus_arm="grpo", low=-3.0)  # fmt: skip
+QUERY_KL_SIGNAL, SIMPLER_SIGNAL = "Query-KL signal", "best simpler signal"  # the monitor claim's derived rows
+MONITOR_ERROR = "monitor error"  # a derived row's leave-one-seed-out mean absolute error (points of drawdown)
+
+
+def core_claim(key: str, text: str, quantity: str, gates: tuple) -> Claim:
+    """erpo against grpo, both at 7e-5: `quantity` above, by the interval rule."""
+    return Claim(f"{key}.erpo_vs_grpo", text, quantity, "erpo", "grpo", "difference", "above", 0.0, BEATS, gates)
+
+
+CORE_CLAIMS: tuple[Claim, ...] = (
+    core_claim("final", "erpo's test-set Avg@4 at T = 1.0 over its last three sweeps is above grpo's", "T=1 end",
+               (VALID, PASSED_BEST, GUARD)),
+    core_claim("selected", "erpo's test-set Avg@4 at T = 1.0 at the sweep its validation set selects is above "
+               "grpo's at the sweep grpo's selects", "T=1 selected", (VALID, GUARD)),
+    core_claim("high_t", "erpo's test-set Avg@4 at T = 1.5 over its last three sweeps is above grpo's", "T=1.5 end",
+               (VALID, PASSED_BEST, GUARD)),
+    Claim("monitor.query_kl", "in grpo's runs, token-k3 Query-KL predicts the test-set drawdown at T = 1.0 better "
+          "than Policy-KL, training accuracy or the step count (leave-one-seed-out mean absolute error, points)",
+          MONITOR_ERROR, QUERY_KL_SIGNAL, SIMPLER_SIGNAL, "difference", "below", 0.0, PREDICTS, (PASSED_BEST,)),
+)  # fmt: skip
+
+
 def compact_completions(run_folder: Path, benchmark: str) -> Path:
     """Replace a run's kept sweep responses by each `benchmark` problem's number of correct samples per sweep and
     temperature (what the bootstrap over problems reads); returns the counts file. Idempotent: a run whose counts
@@ -114,13 +149,14 @@ def core_study(steps: int, out: Path = Path("studies/good_lr/runs")) -> Study:
         default_arms=tuple(CORE_ARMS),
         full=settings(steps, CORE_SEEDS),
         quick=QUICK,
-        claims=(),
+        claims=CORE_CLAIMS,
         out=out,
         quick_out=Path("runs/good_lr_quick"),
         report=Path("studies/good_lr/good_lr_study.md"),
         model_identity=shipped_model,
         write_report=write_core_report,
         fit_flags=regime_flags(),
+        derived_arms=(QUERY_KL_SIGNAL, SIMPLER_SIGNAL),
     )
 
 

@@ -5,6 +5,7 @@ committed beside it."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -60,3 +61,55 @@ def test_no_main_run_before_the_pilot_set_the_length(monkeypatch):
     monkeypatch.setattr(study, "STEPS", None)
     with pytest.raises(SystemExit, match="run length is not set"):
         study.main([])
+
+
+def test_the_seed_and_problem_interval_against_hand_computation():
+    from studies.good_lr.measures import seed_problem_interval
+
+    assert seed_problem_interval(np.full((16, 200), 3.0)) == pytest.approx([3.0, 3.0])  # nothing to resample
+    # every seed alike, half the problems +4 and half 0 (sd 2): only the problem draw moves the mean, whose 95%
+    # range is 2 ± 1.96 · 2 / sqrt(200) ≈ 2 ± 0.28 by the normal approximation
+    differences = np.tile(np.repeat([4.0, 0.0], 100), (16, 1))
+    low, high = seed_problem_interval(differences)
+    assert low == pytest.approx(2 - 0.28, abs=0.05) and high == pytest.approx(2 + 0.28, abs=0.05)
+    # every problem alike, seeds +1 or +3 (sd 1): only the seed draw moves it, 2 ± 1.96 · 1 / sqrt(16) ≈ 2 ± 0.49
+    by_seed = np.repeat([[1.0], [3.0]], 8, axis=0) * np.ones((16, 200))
+    low, high = seed_problem_interval(by_seed)
+    assert low == pytest.approx(2 - 0.49, abs=0.1) and high == pytest.approx(2 + 0.49, abs=0.1)
+
+
+def test_generality_reads_the_firm_verdicts_side():
+    from studies.good_lr.measures import generality
+
+    assert generality("confirmed", [2.5, 6.0], 2.0) == "general"
+    assert generality("confirmed", [1.5, 6.0], 2.0) == "specific to these problems"
+    assert generality("refuted", [-9.0, 1.0], 2.0) == "general"
+    assert generality("refuted", [-9.0, 2.5], 2.0) == "specific to these problems"
+    assert generality("inconclusive", [-9.0, 9.0], 2.0) == "-"
+
+
+def test_the_drawdown_so_far_follows_the_trailing_window():
+    from studies.good_lr.measures import drawdown_so_far
+
+    held_out = curve([0.3, 0.4, 0.5, 0.6, 0.6, 0.3, 0.3, 0.3])  # steps 0..140
+    # trailing means from step 60: (0.4+0.5+0.6)/3 = 0.5, 0.5667, 0.5, 0.4, 0.3
+    assert drawdown_so_far(held_out).to_dict() == pytest.approx(
+        {60: 0.0, 80: 0.0, 100: 100 * (0.5667 - 0.5), 120: 100 * (0.5667 - 0.4), 140: 100 * (0.5667 - 0.3)}, abs=0.01
+    )
+
+
+def test_leave_one_seed_out_errors_favour_the_signal_that_carries_the_drawdown():
+    from studies.good_lr.measures import MonitorRun, leave_one_seed_out_errors
+
+    generator = np.random.default_rng(1)
+    runs = []
+    for seed in range(6):
+        steps = np.arange(60, 320, 20, dtype=float)
+        query_kl = generator.normal(size=steps.size)
+        frame = pd.DataFrame({"drawdown": 2.0 + 3.0 * query_kl, "query_kl": query_kl,
+                              "policy_kl": generator.normal(size=steps.size),
+                              "train": generator.normal(size=steps.size), "step": steps}, index=steps)  # fmt: skip
+        runs.append(MonitorRun(seed, frame))
+    errors = leave_one_seed_out_errors(runs)
+    assert errors["query_kl"] == pytest.approx([0.0] * 6, abs=1e-9)  # drawdown is exactly linear in it
+    assert all(min(errors[s][i] for s in ("policy_kl", "train", "step")) > 1.0 for i in range(6))
