@@ -184,7 +184,8 @@ def test_gradient_clip_norm_null_is_off_and_the_module_checks_its_own_settings(c
     [
         (
             "--model.algorithm", "erpoo", "model.algorithm: 'erpoo' is not one of erpo, erpo_released, grpo, grpo_kl, "
-            "dapo, dapo_erpo, rloo, rloo_erpo, dr_grpo, reinforce; did you mean 'erpo'?",
+            "dapo, dapo_erpo, rloo, rloo_erpo, dr_grpo, reinforce, gspo, gspo_erpo, cispo, cispo_erpo; did you mean "
+            "'erpo'?",
         ),
         (
             "--model.loss_aggregation", "tokn_mean", "model.loss_aggregation: 'tokn_mean' is not one of token_mean, "
