@@ -8,9 +8,12 @@ the queries, the dtype it runs in, and the checks that a cache found on disk is 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -161,25 +164,99 @@ def reference_engine(datamodule: QueryDataModule, world_size: int, strategy, dty
             "cache_engine: vllm scores on one process; build the cache first with `erpo cache` on one device "
             "(the trainer then loads it), or use cache_engine: transformers"
         )
-    return build_vllm_engine(datamodule.model_path, datamodule.max_prompt_length + 1, dtype)
+    # vLLM has no autocast: it runs in the dtype the matmuls would round to (only `shared_forward` reads its scores).
+    compute = ComputePath.parse(dtype)
+    return build_vllm_engine(
+        datamodule.model_path, datamodule.max_prompt_length + 1, compute.autocast or compute.weights
+    )
+
+
+@dataclass(frozen=True)
+class ComputePath:
+    """How a forward of the policy computes, which the reference forward repeats so that Query-KL is exactly 0 at
+    θ0: the weights' dtype, an autocast dtype the matmuls run in over those weights (None: none), and TF32 for
+    CUDA's float32 matmuls and cuDNN. Its `name` is the cache fingerprint's `dtype` field: the plain weights'
+    dtype alone ("float32", "bfloat16", what caches have always recorded), with "+autocast_<dtype>" and "+tf32"
+    appended when set, so a cache computed along another path is refused or rebuilt."""
+
+    weights: str = "float32"
+    autocast: str | None = None
+    tf32: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.weights + (f"+autocast_{self.autocast}" if self.autocast else "") + ("+tf32" if self.tf32 else "")
+
+    @classmethod
+    def parse(cls, name: str) -> ComputePath:
+        """The path a `name` (or a plain dtype name) stands for; ValueError for anything else."""
+        weights, *extras = str(name).split("+")
+        autocast = [extra.removeprefix("autocast_") for extra in extras if extra.startswith("autocast_")]
+        path = cls(weights, autocast[0] if autocast else None, "tf32" in extras)
+        if path.name != name or not all(isinstance(getattr(torch, d, None), torch.dtype) for d in path.dtypes):
+            raise ValueError(f"not a compute path: {name!r} (e.g. float32, bfloat16, float32+autocast_bfloat16+tf32)")
+        return path
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return (self.weights,) if self.autocast is None else (self.weights, self.autocast)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the matmuls round to: the autocast dtype, else the weights'."""
+        return getattr(torch, self.autocast or self.weights)
+
+    @contextmanager
+    def active(self, device_type: str) -> Iterator[None]:
+        """Autocast on `device_type` ("cpu", "cuda") and the TF32 flags, as this path sets them, restored after."""
+        flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        if self.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            with torch.autocast(device_type, getattr(torch, self.autocast or "float32"), enabled=bool(self.autocast)):
+                yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` with every forward run under `active` (on the device of its first parameter), in place; as is
+        when the path is the plain weights'. Everything that calls the model (the step, the rollout engine's
+        generate, the sweeps, the cache build) then computes along this path."""
+        if self.autocast is None and not self.tf32:
+            return model
+        inner = getattr(model.forward, "erpo_unwrapped", model.forward)  # a second apply replaces the first
+
+        @functools.wraps(inner)  # keeps the signature transformers and `logprobs` inspect
+        def forward(*args, **kwargs):
+            with self.active(next(model.parameters()).device.type):
+                return inner(*args, **kwargs)
+
+        forward.erpo_unwrapped = inner
+        model.forward = forward
+        return model
 
 
 def policy_compute_dtype(module=None, strategy=None) -> str | None:
-    """The dtype the policy's forward computes in: `fsdp_mixed_precision` under FSDP2 (`ModelParallelStrategy`),
-    else `dtype`, read from the module's hyperparameters (ERPOModule's names); None without a module that has them."""
+    """The `ComputePath.name` of the policy's forward: `fsdp_mixed_precision` under FSDP2
+    (`ModelParallelStrategy`), else `dtype`, with `mixed_precision`'s autocast and `tf32` when set, read from the
+    module's hyperparameters (ERPOModule's names); None without a module that has them. Without the last two it is
+    a plain dtype name."""
     hparams = getattr(module, "hparams", None) or {}
     mixed = hparams.get("fsdp_mixed_precision")
-    if mixed is not None and isinstance(strategy, ModelParallelStrategy):
-        return str(mixed)
-    dtype = hparams.get("dtype")
-    return None if dtype is None else str(dtype)
+    dtype = mixed if mixed is not None and isinstance(strategy, ModelParallelStrategy) else hparams.get("dtype")
+    if dtype is None:
+        return None
+    autocast = hparams.get("mixed_precision") or "none"
+    return ComputePath(str(dtype), None if autocast == "none" else str(autocast), bool(hparams.get("tf32"))).name
 
 
 def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:
-    """The initial policy in eval mode, as the frozen reference of the cache."""
+    """The initial policy in eval mode, as the frozen reference of the cache, computing along `dtype`: a dtype
+    name, or a `ComputePath.name` (its weights' dtype, its autocast and TF32 applied to every forward)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-    return model.to(device).eval()
+    path = ComputePath.parse(dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, path.weights))
+    return path.apply(model.to(device).eval())
 
 
 def build_or_load_cache(

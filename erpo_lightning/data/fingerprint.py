@@ -2,7 +2,8 @@
 
 The manifest records the model (path and a hash of its weight files), the tokenizer (hash of its files), the prompt
 template, the data (a hash of every query's id, problem and answer, and of the prompt token ids), the maximum prompt
-length, the forward dtype and the query scoring layout (the shape the scores were computed at, which the training
+length, the forward dtype (with the autocast and TF32 the policy computes under, when set:
+`cache_build.ComputePath`) and the query scoring layout (the shape the scores were computed at, which the training
 step reproduces). Any difference in those fields means the cached scores are not the reference scores
 of this run, so loading refuses and says which field differs.
 """
@@ -139,7 +140,8 @@ def check_manifest(found: dict, expected: dict, where: Path) -> None:
         "dataset_fingerprint": "the training queries differ",
         "prompt_tokens_hash": "the prompts tokenize differently",
         "max_prompt_length": "max_prompt_length differs",
-        "dtype": "the forward dtype differs: it follows the policy's compute dtype unless data.cache_dtype is set",
+        "dtype": "the forward dtype differs: it follows the policy's compute dtype unless data.cache_dtype is set "
+        "(model.dtype, and model.mixed_precision's autocast and model.tf32 when set)",
         "scoring_layout": "the query scoring layout differs (data.query_score_rows / query_score_width_multiple or "
         "the engine; caches from before exact scoring have none)",
     }

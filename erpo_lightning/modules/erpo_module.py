@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
-from erpo_lightning.data.cache_build import policy_compute_dtype
+from erpo_lightning.data.cache_build import ComputePath, policy_compute_dtype
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.memory import release_free_heap
@@ -33,7 +33,13 @@ from erpo_lightning.modules.distributed import all_reduce, global_advantages, ra
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
 from erpo_lightning.modules.lora_files import load_adapter_weights
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
-from erpo_lightning.modules.settings import Dtype, QueryKLScoring, check_module_settings, check_trainer_precision
+from erpo_lightning.modules.settings import (
+    Dtype,
+    MixedPrecision,
+    QueryKLScoring,
+    check_module_settings,
+    check_trainer_precision,
+)
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
 from erpo_lightning.modules.step_metrics import (
     SaturatedCorrection,
@@ -101,6 +107,15 @@ class ERPOModule(L.LightningModule):
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
             None = compute in `dtype`. Ignored without FSDP2.
+        mixed_precision: `none` | `bfloat16`: every forward of the policy (and of the θ0 reference model) runs under
+            `torch.autocast(bfloat16)` on its device, CPU or CUDA, while the weights (`dtype`, which must be
+            float32), their gradients and the optimizer state stay float32, so an update of 1e-6 is kept. The
+            reference cache is computed along the same path and records it (`data.cache_build.ComputePath`), so
+            Query-KL stays exactly 0 at θ0 and a cache of another precision is rebuilt or refused. For FSDP2 use
+            `fsdp_mixed_precision` instead (setting both is refused); `float16` is refused (loss scaling).
+        tf32: let CUDA's float32 matmuls and cuDNN use TF32 (`torch.backends.cuda.matmul.allow_tf32`,
+            `torch.backends.cudnn.allow_tf32`), for this process from `configure_model` on and in every policy and
+            reference forward; part of the reference cache's fingerprint. No effect on CPU.
         peft: LoRA adapters (`r`, `alpha`, `dropout`, `target_modules`, `seed`, `adapter_path`, `checkpoint`:
             `modules/lora.LoraSettings`) train instead of the whole policy, fresh or from an adapter folder, and
             checkpoints may hold them alone; θ0 stays the base model (docs/lora.md). None = full fine-tuning.
@@ -161,6 +176,8 @@ class ERPOModule(L.LightningModule):
         gradient_checkpointing: bool = False,
         fused_output_layer: bool = False,
         fsdp_mixed_precision: Dtype | None = None,
+        mixed_precision: MixedPrecision = "none",
+        tf32: bool = False,
         trust_remote_code: bool = False,
         peft: LoraSettings | None = None,
     ) -> None:
@@ -190,12 +207,18 @@ class ERPOModule(L.LightningModule):
         self._logged_train_metrics: set[str] = set()  # every `train/` name logged so far (see _log_train_metrics)
 
     # ----------------------------------------------------------------------------------------------- model set-up
+    def _compute_path(self) -> ComputePath:
+        """The autocast and TF32 of the policy's forwards (`mixed_precision`, `tf32`) over its `dtype` weights."""
+        autocast = None if self.hparams.mixed_precision == "none" else self.hparams.mixed_precision
+        return ComputePath(self.hparams.dtype, autocast, self.hparams.tf32)
+
     def _load_causal_lm(self) -> torch.nn.Module:
-        return AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             self.hparams.model_path,
             dtype=getattr(torch, self.hparams.dtype),
             trust_remote_code=self.hparams.trust_remote_code,
         )
+        return self._compute_path().apply(model)
 
     def configure_model(self) -> None:
         """Load the policy (and the frozen reference model when Policy-KL is used or monitored).
@@ -206,6 +229,8 @@ class ERPOModule(L.LightningModule):
         """
         if self.policy is not None:
             return
+        if self.hparams.tf32:  # the backward's and the optimizer's matmuls too, not only the forwards'
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         if self.device_mesh is not None and self.lora is not None and self.lora.checkpoint == "adapters":
             raise ValueError(
                 "model.peft.checkpoint 'adapters' is not supported under ModelParallelStrategy (FSDP2), whose sharded "
@@ -240,8 +265,8 @@ class ERPOModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         check_trainer_precision(self.trainer.precision)
         if self.algorithm.query_kl_tolerance is None:  # shared_forward: the noise floor of the compute dtype
-            compute_dtype = getattr(torch, policy_compute_dtype(self, self.trainer.strategy) or "float32")
-            self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(compute_dtype))
+            path = ComputePath.parse(policy_compute_dtype(self, self.trainer.strategy) or "float32")
+            self.algorithm = replace(self.algorithm, query_kl_tolerance=obj.query_kl_tolerance_for(path.compute_dtype))
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         if self.reference_cache is None and isinstance(datamodule, QueryDataModule):
             self.reference_cache = datamodule.cache  # built by the datamodule's setup, which Lightning runs first

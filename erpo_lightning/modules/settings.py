@@ -22,6 +22,7 @@ from erpo_lightning.setting_rules import Rule, check_rules
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 QueryKLScoring = Literal["exact", "shared_prompt", "shared_forward"]
+MixedPrecision = Literal["none", "bfloat16"]
 
 # One rule for the weights' dtype and the FSDP2 compute dtype: float16 needs loss scaling, which the step does not do.
 _NOT_FLOAT16 = (
@@ -40,6 +41,7 @@ _SETTING_RULES: tuple[Rule, ...] = (
     ("gradient_clip_norm", lambda v: v is None or (math.isfinite(v) and v > 0), "> 0 (null = no clipping)"),
     ("dtype", lambda v: v != "float16", f"float32 or bfloat16 ({_NOT_FLOAT16})"),
     ("fsdp_mixed_precision", lambda v: v != "float16", f"float32, bfloat16 or null ({_NOT_FLOAT16})"),
+    ("mixed_precision", lambda v: v in ("none", "bfloat16"), f"none or bfloat16 ({_NOT_FLOAT16})"),
 )
 
 
@@ -53,6 +55,8 @@ def check_trainer_precision(precision: object) -> None:
     if precision in (None, 32, "32", "32-true"):
         return
     hint = "float16 is refused (model.dtype)" if "16" in str(precision) and "bf16" not in str(precision) else (
+        "set model.mixed_precision: bfloat16 (or, under FSDP2, model.fsdp_mixed_precision: bfloat16)"
+        if "mixed" in str(precision) else
         "set model.dtype: bfloat16 (or, under FSDP2, model.fsdp_mixed_precision: bfloat16)"
     )  # fmt: skip
     raise ValueError(
@@ -75,6 +79,9 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         settings.get("weight_decay"), settings.get("warmup_steps", 0),
     )  # fmt: skip
     NonFiniteGuard(settings.get("nan_policy", "stop"), settings.get("max_consecutive_skips", 10))
+    check_mixed_precision(
+        settings.get("mixed_precision", "none"), settings.get("dtype", "float32"), settings.get("fsdp_mixed_precision")
+    )
     if settings.get("fused_output_layer"):
         check_fusable_before_loading(settings.get("model_path"), bool(settings.get("trust_remote_code", False)))
     if settings.get("peft") is not None:  # LoRA: its ranges, peft installed, its targets, before any weight loads
@@ -82,6 +89,23 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         require_peft()
         check_lora_targets_before_loading(
             settings["peft"], settings.get("model_path"), bool(settings.get("trust_remote_code", False))
+        )
+
+
+def check_mixed_precision(mixed_precision: str, dtype: str, fsdp_mixed_precision: str | None) -> None:
+    """ValueError unless `model.mixed_precision` bfloat16 (autocast over float32 master weights) comes with
+    `model.dtype` float32 and without `model.fsdp_mixed_precision` (FSDP2's own split of the same roles)."""
+    if mixed_precision == "none":
+        return
+    if dtype != "float32":
+        raise ValueError(
+            f"model.mixed_precision {mixed_precision!r} computes in {mixed_precision} over float32 master weights, so "
+            f"model.dtype must be float32, got {dtype!r} (bfloat16 weights lose updates below 1/256 of a weight)"
+        )
+    if fsdp_mixed_precision is not None:
+        raise ValueError(
+            f"model.mixed_precision {mixed_precision!r} and model.fsdp_mixed_precision {fsdp_mixed_precision!r} both "
+            "set the compute dtype: under FSDP2 set model.fsdp_mixed_precision only, elsewhere model.mixed_precision"
         )
 
 
