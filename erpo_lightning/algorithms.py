@@ -32,8 +32,20 @@ from erpo_lightning.objectives import (
 )
 
 AlgorithmName = Literal[
-    "erpo", "erpo_released", "grpo", "grpo_kl", "dapo", "dapo_erpo", "rloo", "rloo_erpo", "dr_grpo", "reinforce",
-    "gspo", "gspo_erpo", "cispo", "cispo_erpo",
+    "erpo",
+    "erpo_released",
+    "grpo",
+    "grpo_kl",
+    "dapo",
+    "dapo_erpo",
+    "rloo",
+    "rloo_erpo",
+    "dr_grpo",
+    "reinforce",
+    "gspo",
+    "gspo_erpo",
+    "cispo",
+    "cispo_erpo",
 ]
 # `model.query_weight_clip: none` turns the clip off (null keeps the preset's, like every other override).
 NO_CLIP = "none"
