@@ -222,13 +222,14 @@ def stderr_is_terminal() -> bool:
     return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
 
 
-def run_files(trainer: pl.Trainer) -> dict[str, Path]:
+def run_files(trainer: pl.Trainer, log_dir: str | None) -> dict[str, Path]:
     """Where a finished fit's files are: `run folder` (the loggers' version folder, else `default_root_dir`),
     `checkpoints` (each checkpoint callback's folder that exists), `metrics` (a CSVLogger's metrics.csv, when it
-    logged anything) and `hf_model` (an HFExportCallback's final export, when written)."""
+    logged anything) and `hf_model` (an HFExportCallback's final export, when written). `log_dir`: the trainer's
+    (`trainer.log_dir`, which every rank must read together), given by the caller so this runs on rank 0 alone."""
     from erpo_lightning.callbacks.export import HFExportCallback
 
-    files = {"run folder": Path(trainer.log_dir or trainer.default_root_dir)}
+    files = {"run folder": Path(log_dir or trainer.default_root_dir)}
     folders = {Path(c.dirpath) for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)}
     for number, folder in enumerate(sorted(f for f in folders if f.is_dir())):
         files["checkpoints" if number == 0 else f"checkpoints ({number + 1})"] = folder
@@ -261,5 +262,8 @@ class RunFilesReport(pl.Callback):
     """
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for line in run_files_lines(run_files(trainer), trainer.global_step):
+        log_dir = trainer.log_dir  # a broadcast from rank 0: every rank takes part
+        if not trainer.is_global_zero:  # a logger's experiment is a stand-in on the other ranks
+            return
+        for line in run_files_lines(run_files(trainer, log_dir), trainer.global_step):
             say(line)
