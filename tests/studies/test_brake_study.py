@@ -91,18 +91,25 @@ def test_interval_verdicts(margins, verdict):
     assert PairedInterval(effect=2.0).verdict(np.array(margins)) == verdict
 
 
+SEEDS5 = [0, 1, 2, 3, 4]
+LAG = MeanCheck("guard.early", "lags", "reward 10-49", minus_arm="grpo", low=-2.0)
+BEATS_GRPO = Claim(
+    "c", "erpo beats grpo", "T=1", "erpo", "grpo", "difference", "above", 0.0, PairedInterval(2.0), (LAG,)
+)
+
+
+def lagging_table(erpo_held_out: list[float]) -> dict:
+    """erpo's training reward over steps 10-49 lags grpo's by 5.2 points (mean); erpo's held-out values as given."""
+    return {"erpo": {"seed": SEEDS5, "T=1": erpo_held_out, "reward 10-49": [0.56, 0.58, 0.57, 0.57, 0.56]},
+            "grpo": {"seed": SEEDS5, "T=1": [0.25, 0.24, 0.26, 0.25, 0.24],
+                     "reward 10-49": [0.62, 0.63, 0.62, 0.62, 0.61]}}  # fmt: skip
+
+
 def test_the_curve_guard_confounds_a_method_that_lags_its_baseline_early():
-    seeds = [0, 1, 2, 3, 4]
-    table = {"erpo": {"seed": seeds, "T=1": [0.32, 0.30, 0.31, 0.33, 0.31],
-                      "reward 10-49": [0.56, 0.58, 0.57, 0.57, 0.56]},
-             "grpo": {"seed": seeds, "T=1": [0.25, 0.24, 0.26, 0.25, 0.24],
-                      "reward 10-49": [0.62, 0.63, 0.62, 0.62, 0.61]}}  # fmt: skip
-    lag = MeanCheck("guard.early", "lags", "reward 10-49", minus_arm="grpo", low=-2.0)
+    seeds, lag, claim = SEEDS5, LAG, BEATS_GRPO
+    table = lagging_table([0.32, 0.30, 0.31, 0.33, 0.31])
     result = lag.check(table, seeds, "erpo")
     assert result["per_seed"] == pytest.approx([-6.0, -5.0, -5.0, -5.0, -5.0]) and result["mean"] == pytest.approx(-5.2)
-    claim = Claim(
-        "c", "erpo beats grpo", "T=1", "erpo", "grpo", "difference", "above", 0.0, PairedInterval(2.0), (lag,)
-    )
     evaluated = evaluate(claim, table, {})
     assert evaluated["per_seed"] == pytest.approx([7.0, 6.0, 5.0, 8.0, 7.0]) and evaluated["verdict"] == "confounded"
     table["grpo"]["reward 10-49"] = [0.57, 0.58, 0.58, 0.57, 0.56]  # a control that lags as much: the guard passes
@@ -112,22 +119,14 @@ def test_the_curve_guard_confounds_a_method_that_lags_its_baseline_early():
 def test_a_failed_learning_guard_leaves_a_refutation_standing_but_a_failed_gate_does_not():
     """The guard discounts wins (issue 68): the same lagging method, now losing by 7 points in every seed, is
     `refuted` by the rule with the guard recorded beside the verdict; a failed testability gate still decides."""
-    seeds = [0, 1, 2, 3, 4]
-    table = {"erpo": {"seed": seeds, "T=1": [0.18, 0.17, 0.18, 0.19, 0.17],
-                      "reward 10-49": [0.56, 0.58, 0.57, 0.57, 0.56]},
-             "grpo": {"seed": seeds, "T=1": [0.25, 0.24, 0.26, 0.25, 0.24],
-                      "reward 10-49": [0.62, 0.63, 0.62, 0.62, 0.61]}}  # fmt: skip
-    lag = MeanCheck("guard.early", "lags", "reward 10-49", minus_arm="grpo", low=-2.0)
-    claim = Claim(
-        "c", "erpo beats grpo", "T=1", "erpo", "grpo", "difference", "above", 0.0, PairedInterval(2.0), (lag,)
-    )
+    table, claim = lagging_table([0.18, 0.17, 0.18, 0.19, 0.17]), BEATS_GRPO
     evaluated = evaluate(claim, table, {})
     assert evaluated["per_seed"] == pytest.approx([-7.0, -7.0, -8.0, -6.0, -7.0])
     assert evaluated["verdict"] == "refuted" and evaluated["guard_failed"] == "guard.early"
     assert not evaluated["gates"][0]["passed"]
     assert "`guard.early` failed, which discounts only a win" in describe_claim(evaluated)
     testable = MeanCheck("testable.grpo_learns", "learns", "T=1", arm="grpo", low=50.0, fails_as="untestable")
-    gated = evaluate(replace(claim, gates=(lag, testable)), table, {})
+    gated = evaluate(replace(claim, gates=(LAG, testable)), table, {})
     assert gated["verdict"] == "untestable" and "guard_failed" not in gated
 
 
