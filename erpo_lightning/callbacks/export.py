@@ -75,6 +75,7 @@ class HFExportCallback(pl.Callback):
         self.output_dir = output_dir
         self.every_n_steps = every_n_steps
         self._last_exported_step = -1
+        self.final_directory: Path | None = None  # the end-of-training export, once written (RunFilesReport reads it)
 
     def _directory(self, trainer: pl.Trainer) -> Path:
         if self.output_dir is not None:
@@ -103,4 +104,6 @@ class HFExportCallback(pl.Callback):
             self._export(trainer, pl_module, self._directory(trainer) / f"step_{step}")
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._export(trainer, pl_module, self._directory(trainer))
+        directory = self._directory(trainer)
+        self._export(trainer, pl_module, directory)
+        self.final_directory = directory

@@ -227,8 +227,6 @@ def run_files(trainer: pl.Trainer, log_dir: str | None) -> dict[str, Path]:
     `checkpoints` (each checkpoint callback's folder that exists), `metrics` (a CSVLogger's metrics.csv, when it
     logged anything) and `hf_model` (an HFExportCallback's final export, when written). `log_dir`: the trainer's
     (`trainer.log_dir`, which every rank must read together), given by the caller so this runs on rank 0 alone."""
-    from erpo_lightning.callbacks.export import HFExportCallback
-
     files = {"run folder": Path(log_dir or trainer.default_root_dir)}
     folders = {Path(c.dirpath) for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)}
     for number, folder in enumerate(sorted(f for f in folders if f.is_dir())):
@@ -237,9 +235,10 @@ def run_files(trainer: pl.Trainer, log_dir: str | None) -> dict[str, Path]:
         metrics = Path(logger.experiment.metrics_file_path) if isinstance(logger, CSVLogger) else None
         if metrics is not None and (metrics.is_file() or logger.experiment.metrics):
             files.setdefault("metrics", metrics)
-    for callback in trainer.callbacks:
-        if isinstance(callback, HFExportCallback) and callback._directory(trainer).is_dir():
-            files.setdefault("hf_model", callback._directory(trainer))
+    for callback in trainer.callbacks:  # an HFExportCallback's final export (read, not imported: it imports this)
+        exported = getattr(callback, "final_directory", None)
+        if exported is not None and exported.is_dir():
+            files.setdefault("hf_model", exported)
     return files
 
 
