@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from studies.engine.report import DamagedRunFile, RunRecord, sweep_rows
+from studies.engine.report import DamagedRunFile, RunRecord, markdown_table, mean_std, sweep_rows
 from studies.engine.worked_steps import RIGHT, check_steps
 
 COMPLETIONS = "sweep_completions.jsonl.gz"
@@ -162,3 +163,14 @@ def wrong_steps_series(record: RunRecord, benchmark: str, temperature: float) ->
     frame = wrong_steps(record)
     chosen = frame[(frame["benchmark"] == benchmark) & (frame["temperature"] == float(temperature))]
     return pd.Series(chosen["share"].to_numpy(dtype=float), index=pd.Index(chosen["step"], name="step"))
+
+
+def by_sweep(records: list[RunRecord], curve: Callable[[RunRecord], pd.Series]) -> str:
+    """A table with one row per sweep step and one column per arm: `curve` (accuracy in [0, 1]) in points, mean ±
+    std over seeds."""
+    arms = list(dict.fromkeys(r.method for r in records))
+    curves = {arm: [curve(r) for r in records if r.method == arm] for arm in arms}
+    steps = sorted({int(step) for runs in curves.values() for series in runs for step in series.index})
+    rows = [[str(step)] + [mean_std([value_at(s, step) for s in curves[arm]], scale=100) for arm in arms]
+            for step in steps]  # fmt: skip
+    return markdown_table(["step", *arms], rows)

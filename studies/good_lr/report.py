@@ -38,7 +38,7 @@ from studies.engine.report import (
     with_base_model,
     write_claims,
 )
-from studies.engine.trajectory import last_mean, sweeps, value_at
+from studies.engine.trajectory import by_sweep, last_mean, sweeps, value_at
 from studies.good_lr.measures import (
     SIGNALS,
     SIMPLER,
@@ -183,16 +183,6 @@ def pilot_section(folder: Path) -> str:
     return f'Chosen length: {pilot["chosen"]["steps"]} steps (points; the rule in good_lr_plan.md, "Pilot").\n\n{table}'
 
 
-def by_sweep(records: list[RunRecord], name: str) -> str:
-    """One row per sweep step, one column per arm: sweep column `name` in points, mean ± std over seeds."""
-    arms = list(dict.fromkeys(r.method for r in records))
-    curves = {arm: [sweeps(r)[name] for r in records if r.method == arm] for arm in arms}
-    steps = sorted({int(step) for runs in curves.values() for series in runs for step in series.index})
-    rows = [[str(step)] + [mean_std([value_at(s, step) for s in curves[arm]], scale=100) for arm in arms]
-            for step in steps]  # fmt: skip
-    return markdown_table(["step", *arms], rows)
-
-
 QUANTITIES = {"T=1 end": 100, "T=1.5 end": 100, "T=1 selected": 100, "selected step": 1, "train T=1 end": 100,
               "drawdown T=1": 1}  # fmt: skip
 
@@ -266,19 +256,19 @@ Signals: {", ".join(SIGNALS)} (KLs as log(KL + 1e-6), averaged over the {SWEEP_E
 
 ## Test set, Avg@4 at T = 1.0 (%, every sweep)
 
-{by_sweep(records, column(benchmark, "T=1"))}
+{by_sweep(records, lambda r: sweeps(r)[column(benchmark, "T=1")])}
 
 ## Validation set, Avg@4 at T = 1.0 (%, every sweep)
 
-{by_sweep(records, column(VALIDATION, "T=1"))}
+{by_sweep(records, lambda r: sweeps(r)[column(VALIDATION, "T=1")])}
 
 ## Test set, Avg@4 at T = 1.5 (%, every sweep)
 
-{by_sweep(records, column(benchmark, "T=1.5"))}
+{by_sweep(records, lambda r: sweeps(r)[column(benchmark, "T=1.5")])}
 
 ## Training queries, Avg@4 at T = 1.0 (%, every sweep)
 
-{by_sweep(records, column(TRAIN, "T=1"))}
+{by_sweep(records, lambda r: sweeps(r)[column(TRAIN, "T=1")])}
 
 ## Figure
 

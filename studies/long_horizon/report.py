@@ -15,7 +15,6 @@ every arm's held-out and training-query trajectories, mean and spread at every s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -37,7 +36,7 @@ from studies.engine.report import (
     with_base_model,
     write_claims,
 )
-from studies.engine.trajectory import area_after, last_mean, peak, reward_curve, sweeps, value_at
+from studies.engine.trajectory import area_after, by_sweep, last_mean, peak, reward_curve, sweeps, value_at
 from studies.long_horizon.study import GUARD_STEP, PEAK_RANGE, WINDOW
 
 PILOT = Path("pilot_runs/pilot.json")  # relative to the report's folder
@@ -101,17 +100,6 @@ def pilot_section(folder: Path) -> str:
             for name, regime in pilot["regimes"].items() for seed, v in regime["seeds"].items()]  # fmt: skip
     table = markdown_table(["regime", "seed", "training gain", "drop T=1", "drop T=1.5", "gate"], rows)
     return f'Chosen regime: `{pilot["chosen"]}` (points; the gate in long_horizon_plan.md, "Pilot").\n\n{table}'
-
-
-def by_sweep(records: list[RunRecord], curve: Callable[[RunRecord], pd.Series]) -> str:
-    """A table with one row per sweep step and one column per arm: `curve` (accuracy in [0, 1]) in points, mean ±
-    std over seeds."""
-    arms = list(dict.fromkeys(r.method for r in records))
-    curves = {arm: [curve(r) for r in records if r.method == arm] for arm in arms}
-    steps = sorted({int(step) for runs in curves.values() for series in runs for step in series.index})
-    rows = [[str(step)] + [mean_std([value_at(s, step) for s in curves[arm]], scale=100) for arm in arms]
-            for step in steps]  # fmt: skip
-    return markdown_table(["step", *arms], rows)
 
 
 def best_window_rows(records: list[RunRecord], benchmark: str) -> list[list[str]]:
