@@ -31,7 +31,7 @@ from interleave import alternating
 from erpo_lightning.data import QueryDataModule, compute_reference_logprobs, load_reference_model
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs, plan_batches, plan_chunks, right_padded
 from erpo_lightning.data.sources import BENCHMARK_DIR
-from erpo_lightning.tiny_qwen2 import save_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 
 def synchronize(device: torch.device) -> None:

@@ -36,12 +36,12 @@ from pathlib import Path
 from interleave import alternating
 from transformers import AutoTokenizer
 
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, build_tiny_qwen2
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, build_tiny_qwen2
 
 REPO = Path(__file__).resolve().parent.parent
 ERPO = str(Path(sys.executable).with_name("erpo"))
 # Each side: environment and extra `erpo fit` flags. `package`: the command and config as shipped. `untuned`: without
-# the heap release between phases (ERPO_MALLOC_TRIM=0, see erpo_lightning/memory.py). `before`: also the example's
+# the heap release between phases (ERPO_MALLOC_TRIM=0, erpo_lightning/common/memory.py). `before`: also the example's
 # micro-batch token budget before 2026-12-02 (4,096), i.e. the code and config before the memory work. The other two
 # are the candidates measured first, through glibc's own environment variables (read at process start): a fixed
 # 1 MiB mmap threshold (blocks from 1 MiB up mapped one by one and unmapped on free; fixing it also stops glibc

@@ -25,10 +25,10 @@ import torch
 from interleave import alternating
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
 from erpo_lightning.rollout import SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.vllm_engine import stream_full_tensors
+from erpo_lightning.scoring.logprobs import sequence_logprobs
 
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON report only
 

@@ -1,5 +1,5 @@
 """Peak memory and time of one optimizer step on a 152,064-token vocabulary: the float32 log-prob path before the
-chunked one (`old`, re-stated below) vs `erpo_lightning.logprobs` today; prints JSON.
+chunked one (`old`, re-stated below) vs `erpo_lightning.scoring.logprobs` today; prints JSON.
 
 The model is a Qwen2 with a small body (1 layer, hidden 64) and Qwen2.5's vocabulary size, so the [N, L, V] logits
 dominate memory as they do in real training. One step = the trainer's micro-batch loss (prompt log-probs at T = 1,
@@ -34,7 +34,7 @@ import torch
 from interleave import run_workers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from erpo_lightning.logprobs import (
+from erpo_lightning.scoring.logprobs import (
     causal_lm_logits,
     prompt_response_logprobs_and_entropy,
     prompt_response_token_logprobs,

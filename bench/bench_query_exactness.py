@@ -1,7 +1,7 @@
 """Is exact Query-KL exact on this device? Prints JSON.
 
 Scores random queries as the reference cache does (`data.reference_logprobs.batch_query_logprobs`: blocks of the
-query scoring layout, no grad) and as the training step does (`data.query_scoring.score_block` with grad, the queries
+query scoring layout, no grad) and as the training step does (`scoring.queries.score_block` with grad, the queries
 shuffled into other blocks, so each sits at another row beside other queries), and compares them bit for bit, per
 dtype. For contrast it also scores each query inside a left-padded [prompt; response] row, as the shared forward
 does. Kernels can depend on shapes (more so on GPUs), which is why the layout fixes the block shape; this is the check
@@ -24,9 +24,9 @@ import torch
 from bench_step import SIZES, build_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs
-from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs
+from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout, score_block
 
 
 def shared_forward_rows(model, prompts: list[list[int]], response_len: int, vocab: int) -> list[torch.Tensor]:

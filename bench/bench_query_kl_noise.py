@@ -24,8 +24,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs
-from erpo_lightning.logprobs import causal_lm_logits, prompt_response_logprobs_and_entropy
 from erpo_lightning.objectives import per_query_kl, split_prompt_response
+from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_logprobs_and_entropy
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "erpo_lightning" / "toy" / "shipped"

@@ -27,9 +27,9 @@ import torch
 from interleave import alternating
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine, assemble_batch
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
+from erpo_lightning.scoring.logprobs import response_logprobs
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
 
 # stdout carries the JSON report only (vLLM is imported later, when the first engine is built).
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")

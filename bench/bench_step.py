@@ -122,8 +122,8 @@ def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module |
     from dataclasses import replace
 
     from erpo_lightning.data.cache import ReferenceLogprobCache
-    from erpo_lightning.data.query_scoring import QueryScoringLayout
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
+    from erpo_lightning.scoring.queries import QueryScoringLayout
 
     scorer = module.policy if initial is None else initial
     layout = layout or QueryScoringLayout()  # the cache's layout, which the step's exact Query-KL scores in
@@ -138,7 +138,7 @@ def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module |
 def scoring_layout(args):
     """The query-scoring layout of the arm (ARMS), else of `--query-score-rows` and `--query-score-width-multiple`
     (None: the default)."""
-    from erpo_lightning.data.query_scoring import QueryScoringLayout
+    from erpo_lightning.scoring.queries import QueryScoringLayout
 
     if args.arm is not None and ARMS[args.arm][3] is not None:
         return QueryScoringLayout(*ARMS[args.arm][3])

@@ -25,7 +25,7 @@ from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.evaluation import Benchmark, Sweep, SweepConfig  # noqa: E402
 from erpo_lightning.rewards import MathReward  # noqa: E402
 from erpo_lightning.rollout import HFEngine, RolloutSampler, VLLMEngine  # noqa: E402
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model  # noqa: E402
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model  # noqa: E402
 
 
 def main() -> None:

@@ -72,7 +72,7 @@ SIZES = {
 
 
 def build_model(size: str, path: Path) -> None:
-    from erpo_lightning.tiny_qwen2 import save_tiny_model
+    from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
     save_tiny_model(path, seed=0, max_positions=4096, **SIZES[size])
 
@@ -111,11 +111,11 @@ def run_ours(args, setting: str) -> dict:
 
     from erpo_lightning.callbacks.rollout import RolloutCallback
     from erpo_lightning.data.cache import ReferenceLogprobCache
-    from erpo_lightning.data.query_scoring import QueryScoringLayout
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
     from erpo_lightning.modules.erpo_module import ERPOModule
     from erpo_lightning.rollout import HFEngine, VLLMEngine
     from erpo_lightning.rollout.batch import QueryBatch
+    from erpo_lightning.scoring.queries import QueryScoringLayout
 
     model_path = model_dir(args)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

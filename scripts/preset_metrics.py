@@ -33,7 +33,7 @@ WALL_CLOCK = ("rollout/tokens_per_s", "rollout/weight_sync_ms")  # timings: they
 def run(out: Path, steps: int, source: Path, presets: list[str] | None = None) -> None:
     """Train every preset (or `presets`) for `steps` steps with the code of `source`; OUT/<preset>.csv each."""
     sys.path.insert(0, str(source))
-    from erpo_lightning.algorithms import AlgorithmName
+    from erpo_lightning.objectives.algorithms import AlgorithmName
 
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="preset_metrics_"))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from erpo_lightning.data.sources import BENCHMARK_DIR
-from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -27,12 +27,12 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.data.query_scoring import QueryScoringLayout
-from erpo_lightning.logprobs import gather_token_logprobs, sequence_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.scoring.logprobs import gather_token_logprobs, sequence_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 PAD = 256
 TEMPERATURE = 0.8

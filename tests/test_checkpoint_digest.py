@@ -18,16 +18,16 @@ import torch
 from helpers.cli_runs import tiny_config
 from helpers.resume_runs import run_main
 
-from erpo_lightning.checkpointing import (
+from erpo_lightning.checkpoints.files import (
     DIGEST_KEY,
     CheckpointDigestError,
     add_tensor_digest,
     check_tensor_digest,
     read_checkpoint,
 )
-from erpo_lightning.errors import DEBUG_HINT
+from erpo_lightning.common.errors import DEBUG_HINT
 from erpo_lightning.evaluation.validate import load_policy_weights
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*:UserWarning")
 

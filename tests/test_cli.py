@@ -21,7 +21,7 @@ def test_help_lists_subcommands():
 def test_help_lists_every_subcommand_each_with_its_own_help(capsys):
     """`erpo --help` names the LightningCLI subcommands and the two the CLI runs itself (export, plot); each named
     command answers `--help`."""
-    from erpo_lightning.cli import ERPOCLI
+    from erpo_lightning.cli.command import ERPOCLI
 
     assert run_main("--help") == 0
     listing = capsys.readouterr().out

@@ -9,7 +9,7 @@ import pytest
 from helpers.healthy_run import TRAIN_FILE
 
 from erpo_lightning.callbacks.completions import SampledCompletions, markdown_table
-from erpo_lightning.cli import ERPOLightningTrainer
+from erpo_lightning.cli.command import ERPOLightningTrainer
 
 ROW_KEYS = {
     "step", "group_index", "query_index", "prompt", "response", "gold", "reward", "advantage", "reward_components",

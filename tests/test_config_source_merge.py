@@ -12,7 +12,7 @@ import pytest
 import yaml
 from helpers.cli_runs import fails_in_one_line
 
-from erpo_lightning.cli import main
+from erpo_lightning.cli.command import main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"  # data.train: [{path: erpo_lightning/toy/shipped/train.jsonl, label: toy_train}]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # every shipped config through the real CLI in a 
 
 SCRIPT = """
 import contextlib, io, json, sys
-from erpo_lightning.cli import main
+from erpo_lightning.cli.command import main
 results = {}
 for configs in json.loads(sys.argv[1]):
     out = io.StringIO()

@@ -9,7 +9,6 @@ import lightning as L
 import pytest
 import torch
 
-from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.data import (
     CacheMismatchError,
     LogprobBatching,
@@ -19,14 +18,15 @@ from erpo_lightning.data import (
     compute_logprob_shard,
     compute_reference_logprobs,
 )
-from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import plan_batches, plan_chunks
 from erpo_lightning.data.sources import BENCHMARK_DIR
-from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.objectives import split_prompt_response
+from erpo_lightning.objectives.algorithms import Algorithm
 from erpo_lightning.rollout.batch import QueryBatch
-from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
+from erpo_lightning.scoring.logprobs import sequence_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 SOURCES = [
     {"path": str(BENCHMARK_DIR / "gsm8k.jsonl"), "limit": 12},
@@ -307,7 +307,7 @@ def test_vllm_prompt_logprobs_agree_with_the_transformers_path(tiny_dir, model, 
 
 
 def test_file_hashes_are_remembered_but_never_stale(tmp_path, monkeypatch):
-    from erpo_lightning import file_hashes
+    from erpo_lightning.common import file_hashes
     from erpo_lightning.data import fingerprint
 
     monkeypatch.setattr(file_hashes, "HASH_MEMO", tmp_path / "memo.json")

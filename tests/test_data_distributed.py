@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.data.sources import BENCHMARK_DIR
-from erpo_lightning.tiny_qwen2 import save_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
 

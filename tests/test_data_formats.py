@@ -22,7 +22,7 @@ from erpo_lightning.data.sources import DatasetSource
 from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.rewards import CombinedReward
 from erpo_lightning.rollout import HFEngine
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

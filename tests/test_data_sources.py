@@ -20,7 +20,7 @@ from erpo_lightning.data import (
     tokenize_prompts,
 )
 from erpo_lightning.data.sources import BENCHMARK_DIR, resolve_spec
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 ROWS = {"math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272, "olympiadbench": 675, "gsm8k": 1319}
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # the real CLI parser in a subprocess
 
 SCRIPT = """
 import contextlib, io, json, sys
-from erpo_lightning.cli import main
+from erpo_lightning.cli.command import main
 results = {}
 for args in json.loads(sys.argv[1]):
     out, err, code = io.StringIO(), io.StringIO(), 0

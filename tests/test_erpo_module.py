@@ -19,10 +19,10 @@ from helpers.module_steps import (
 )
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.data.query_scoring import QueryScoringLayout
-from erpo_lightning.logprobs import gather_token_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.optim import NonFiniteLossError
+from erpo_lightning.scoring.logprobs import gather_token_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout
 
 
 def hand_loss(

@@ -23,8 +23,8 @@ from helpers.module_steps import (
 )
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import ALGORITHMS
 from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.objectives.algorithms import ALGORITHMS
 
 PG_CLIP, KL_COEF = 0.2, 0.01
 

@@ -30,7 +30,7 @@ from erpo_lightning.evaluation import (
 )
 from erpo_lightning.rollout import HFEngine, Sample, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.sampler import RolloutSampler
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 
 @pytest.mark.parametrize("n", range(1, 7))

@@ -16,7 +16,7 @@ from erpo_lightning.data import QueryDataModule
 from erpo_lightning.evaluation import Benchmark, Sweep, SweepConfig, run_validate
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine, VLLMEngine
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 TEMPERATURES = [0.4, 1.2]
 

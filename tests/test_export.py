@@ -12,10 +12,10 @@ from helpers.fit_configs import run_erpo
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.callbacks.export import export_policy
-from erpo_lightning.checkpointing import add_tensor_digest
-from erpo_lightning.errors import SettingsError
-from erpo_lightning.export import export_checkpoint
-from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.checkpoints.files import add_tensor_digest
+from erpo_lightning.common.errors import SettingsError
+from erpo_lightning.export.hf_model import export_checkpoint
+from erpo_lightning.scoring.logprobs import sequence_logprobs
 from erpo_lightning.toy import SHIPPED_DIR
 
 PROBE = "Compute 7 + 8 - 5.\n"

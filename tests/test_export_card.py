@@ -12,10 +12,10 @@ import torch
 from helpers.fit_configs import run_erpo
 from lightning.pytorch.loggers import CSVLogger
 
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.evaluation import SweepMetric
-from erpo_lightning.export import export_checkpoint
-from erpo_lightning.model_card import model_card
+from erpo_lightning.export.hf_model import export_checkpoint
+from erpo_lightning.export.model_card import model_card
 from erpo_lightning.toy import SHIPPED_DIR
 
 STATS = ("avg@k", "pass@1", "pass@k", "length", "truncated")
@@ -143,7 +143,7 @@ def test_a_real_runs_card_holds_its_sweeps_numbers(tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from erpo_lightning.callbacks import RolloutCallback, TemperatureSweepCallback
-    from erpo_lightning.cli import ERPOLightningTrainer
+    from erpo_lightning.cli.command import ERPOLightningTrainer
     from erpo_lightning.data import QueryDataModule
     from erpo_lightning.evaluation import Benchmark, SweepConfig
     from erpo_lightning.modules.erpo_module import ERPOModule

@@ -17,7 +17,7 @@ from helpers.cli_runs import fails_in_one_line, run_main
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from erpo_lightning.export import export_checkpoint, initial_model_reference
+from erpo_lightning.export.hf_model import export_checkpoint, initial_model_reference
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings
 from erpo_lightning.toy import SHIPPED_DIR

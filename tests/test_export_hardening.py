@@ -16,7 +16,7 @@ import yaml
 from helpers.cli_runs import fails_in_one_line
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from erpo_lightning.export import export_checkpoint
+from erpo_lightning.export.hf_model import export_checkpoint
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings
 from erpo_lightning.toy import SHIPPED_DIR
@@ -98,7 +98,7 @@ def test_out_holding_an_earlier_adapter_export_is_refused_before_loading(lora_ch
 
 @pytest.mark.parametrize("name", ["adapter_config.json", "adapter_model.bin"])
 def test_a_single_adapter_file_in_out_is_refused_too(name, lora_checkpoint, tmp_path):
-    from erpo_lightning.errors import SettingsError
+    from erpo_lightning.common.errors import SettingsError
 
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / name).write_text("{}")
@@ -131,7 +131,7 @@ def test_an_earlier_model_export_in_out_is_replaced_saying_so(lora_checkpoint, e
 
 
 def test_adapter_out_holding_a_model_is_refused_and_an_earlier_adapter_replaced(lora_checkpoint, exported, tmp_path):
-    from erpo_lightning.errors import SettingsError
+    from erpo_lightning.common.errors import SettingsError
 
     merged, adapter = exported
     with pytest.raises(SettingsError, match=rf"--adapter_out: {merged} holds config.json, .*model.safetensors.*: a "
@@ -186,7 +186,7 @@ def placed(checkpoint: Path, target: Path) -> Path:
 
 
 def test_the_checkpoint_records_where_its_run_logged(logged_run):
-    from erpo_lightning.checkpointing import read_checkpoint
+    from erpo_lightning.checkpoints.files import read_checkpoint
 
     checkpoint = last_checkpoint(logged_run)
     record = read_checkpoint(checkpoint)["erpo"]["logged_run"]
@@ -217,7 +217,7 @@ def test_another_runs_metrics_beside_the_checkpoint_is_not_read(logged_run, tmp_
 
 
 def test_a_checkpoint_without_the_record_takes_the_file_saying_so(logged_run, tmp_path):
-    from erpo_lightning.model_card import model_card
+    from erpo_lightning.export.model_card import model_card
 
     checkpoint = torch.load(last_checkpoint(logged_run), map_location="cpu", weights_only=True)
     path = tmp_path / "other" / "checkpoints" / "last.ckpt"

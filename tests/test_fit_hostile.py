@@ -7,7 +7,7 @@ from helpers.policies import PolicyModule, query_loader
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rollout import HFEngine, Sample
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 NESTED = "Let me think. \\boxed{" + "{" * 1_500 + "7" + "}" * 1_500 + "}"
 

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks import RolloutCallback, TemperatureSweepCallback
-from erpo_lightning.cli import ERPOLightningTrainer
+from erpo_lightning.cli.command import ERPOLightningTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.evaluation.sweep import Benchmark

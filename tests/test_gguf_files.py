@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-import erpo_lightning.gguf as gguf_module
-from erpo_lightning.tiny_qwen2 import save_tiny_model
+import erpo_lightning.weights.gguf as gguf_module
+from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 
 def test_the_converted_directory_is_readable_by_other_users(tmp_path, monkeypatch):

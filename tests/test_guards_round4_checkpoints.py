@@ -17,10 +17,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from transformers import AutoModelForCausalLM
 
-from erpo_lightning.checkpointing import CheckpointReadError, read_checkpoint
-from erpo_lightning.cli import ERPOLightningTrainer
+from erpo_lightning.checkpoints.files import CheckpointReadError, read_checkpoint
+from erpo_lightning.cli.command import ERPOLightningTrainer
 from erpo_lightning.evaluation.validate import load_policy_weights
-from erpo_lightning.export import checkpoint_model_settings
+from erpo_lightning.export.hf_model import checkpoint_model_settings
 from erpo_lightning.toy import SHIPPED_DIR
 
 
@@ -78,7 +78,7 @@ def test_export_says_which_step_it_ships(tmp_path, capsys):
     hyper_parameters = {"model_path": str(SHIPPED_DIR)}
     torch.save({"global_step": 5, "hyper_parameters": hyper_parameters, "state_dict": state}, checkpoint)
     assert checkpoint_model_settings(checkpoint)["global_step"] == 5
-    from erpo_lightning.export import main as export
+    from erpo_lightning.export.hf_model import main as export
 
     export(["--ckpt_path", str(checkpoint), "--out", str(tmp_path / "hf")])
     assert f"exported the policy of {checkpoint} (global step 5) to {tmp_path / 'hf'}" in capsys.readouterr().out

@@ -9,9 +9,9 @@ import yaml
 from helpers.cli_runs import fails_in_one_line
 from helpers.fit_configs import fit_config, write_config
 
-from erpo_lightning.algorithms import resolve_algorithm
-from erpo_lightning.cli_checks import repeated_key
+from erpo_lightning.cli.checks import repeated_key
 from erpo_lightning.objectives import MAX_QUERY_KL_TOLERANCE
+from erpo_lightning.objectives.algorithms import resolve_algorithm
 from erpo_lightning.toy import SHIPPED_DIR
 
 
@@ -53,7 +53,7 @@ def test_a_config_file_without_repeated_keys_still_parses(tmp_path, capsys):
     path = tmp_path / "once.yaml"
     path.write_text(config_file(tmp_path))
     with pytest.raises(SystemExit) as stopped:
-        from erpo_lightning.cli import main
+        from erpo_lightning.cli.command import main
 
         main(["fit", "--config", str(path), "--print_config"])
     assert stopped.value.code in (0, None)

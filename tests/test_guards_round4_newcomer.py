@@ -15,7 +15,7 @@ import yaml
 from helpers.cli_runs import fails_in_one_line
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from erpo_lightning.cli import ERPOCLI, ERPOArgumentParser, ERPOLightningTrainer
+from erpo_lightning.cli.command import ERPOCLI, ERPOArgumentParser, ERPOLightningTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.data.files import DataError, read_local_file
 from erpo_lightning.modules.erpo_module import ERPOModule

@@ -22,10 +22,10 @@ from helpers.fit_configs import ERPO, write_config
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
-from erpo_lightning.checkpointing import AtomicCheckpointIO, partial_path, resolve_resume_path
-from erpo_lightning.cli import ERPOLightningTrainer, ERPOProgressBar, main
+from erpo_lightning.checkpoints.files import AtomicCheckpointIO, partial_path, resolve_resume_path
+from erpo_lightning.cli.command import ERPOLightningTrainer, ERPOProgressBar, main
+from erpo_lightning.common.errors import DEBUG_HINT, SettingsError, one_line, quiet_known_warnings
 from erpo_lightning.data import QueryDataModule
-from erpo_lightning.errors import DEBUG_HINT, SettingsError, one_line, quiet_known_warnings
 from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
@@ -409,7 +409,7 @@ def test_atomic_checkpoint_io_replaces_whole_files_and_clears_orphans(tmp_path):
 
 
 def test_trainer_defaults_progress_label_and_quiet_warnings(tmp_path, monkeypatch):
-    monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: True)  # the bar of a terminal
+    monkeypatch.setattr("erpo_lightning.cli.command.stderr_is_terminal", lambda: True)  # the bar of a terminal
     trainer = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     bar = trainer.progress_bar_callback

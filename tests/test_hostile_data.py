@@ -25,7 +25,7 @@ from erpo_lightning.data import (
 from erpo_lightning.data.cache import MANIFEST_FILE, SCORES_FILE
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.rewards import MathReward
-from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 REBUILD = "erpo cache --config <your config> --force true"
 SOURCES = [{"path": str(BENCHMARK_DIR / "aime24.jsonl"), "limit": 6}]
@@ -245,7 +245,7 @@ def test_cache_files_get_the_usual_permissions(built):
 
 
 def test_a_weight_file_rewritten_in_place_with_the_same_size_and_mtime_is_hashed_again(tmp_path, monkeypatch):
-    from erpo_lightning import file_hashes
+    from erpo_lightning.common import file_hashes
     from erpo_lightning.data import fingerprint
 
     monkeypatch.setattr(file_hashes, "HASH_MEMO", tmp_path / "memo.json")

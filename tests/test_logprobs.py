@@ -4,14 +4,14 @@ import torch
 from transformers import AutoTokenizer
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.logprobs import (
+from erpo_lightning.rollout.engine import left_pad
+from erpo_lightning.scoring.logprobs import (
     gather_token_logprobs,
     prompt_response_token_logprobs,
     response_logprobs,
     sequence_logprobs,
     token_entropy,
 )
-from erpo_lightning.rollout.engine import left_pad
 
 
 def test_left_padded_logprobs_equal_unpadded_forward(tiny_model, tiny_model_path):

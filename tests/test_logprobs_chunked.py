@@ -6,14 +6,14 @@ import math
 import pytest
 import torch
 
-from erpo_lightning.logprobs import (
+from erpo_lightning.rollout.engine import left_pad
+from erpo_lightning.scoring.logprobs import (
     causal_lm_logits,
     gather_token_logprobs,
     prompt_response_logprobs_and_entropy,
     prompt_response_token_logprobs,
     token_entropy,
 )
-from erpo_lightning.rollout.engine import left_pad
 
 VOCAB = 37
 

@@ -25,12 +25,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.callbacks.export import export_policy
 from erpo_lightning.evaluation.validate import load_policy_weights
-from erpo_lightning.merged_weights import base_model_state_dict
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings, check_lora_settings
 from erpo_lightning.rollout.vllm_engine import stream_full_tensors
-from erpo_lightning.tiny_qwen2 import save_tiny_model
 from erpo_lightning.toy import SHIPPED_DIR
+from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
+from erpo_lightning.weights.merged import base_model_state_dict
 
 TESTS_DIR = Path(__file__).parent
 LORA = {"r": 4, "alpha": 8}  # 23,552 adapter parameters on the toy model's 283,968: 7.7% of 307,520
@@ -119,7 +119,7 @@ def test_without_peft_installed_the_error_names_the_extra(monkeypatch):
 
 
 def test_importing_the_package_and_the_cli_does_not_import_peft():
-    code = "import sys, erpo_lightning, erpo_lightning.cli, erpo_lightning.export; print('peft' in sys.modules)"
+    code = "import sys, erpo_lightning.cli, erpo_lightning.export.hf_model; print('peft' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -307,8 +307,8 @@ def test_export_writes_the_merged_model_and_the_adapter(hf_run, tmp_path):
 
 
 def test_adapter_out_of_a_full_fine_tuning_checkpoint_is_refused(tmp_path):
-    from erpo_lightning.errors import SettingsError
-    from erpo_lightning.export import export_checkpoint
+    from erpo_lightning.common.errors import SettingsError
+    from erpo_lightning.export.hf_model import export_checkpoint
 
     checkpoint = {"hyper_parameters": {"model_path": str(SHIPPED_DIR)}, "state_dict": {}}
     torch.save(checkpoint, tmp_path / "full.ckpt")

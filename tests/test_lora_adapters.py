@@ -23,14 +23,14 @@ from helpers.resume_runs import resumed_equals_full_run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from erpo_lightning.checkpoints.resume_config import check_checkpoint_model, check_resume_config
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.data.fingerprint import weights_hash
-from erpo_lightning.errors import SettingsError
 from erpo_lightning.evaluation.validate import load_policy_weights
-from erpo_lightning.export import export_checkpoint
+from erpo_lightning.export.hf_model import export_checkpoint
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings, lora_config
 from erpo_lightning.modules.lora_files import ADAPTERS_ONLY_KEY
-from erpo_lightning.resume_config import check_checkpoint_model, check_resume_config
 from erpo_lightning.toy import SHIPPED_DIR
 
 LORA = {"r": 4, "alpha": 8.0}
@@ -245,7 +245,7 @@ def test_resume_from_an_adapters_only_checkpoint_is_exact(tiny_model_path, bench
 
 
 def test_a_resume_may_change_what_checkpoints_hold_and_no_other_peft_setting():
-    from erpo_lightning.resume_config import CONFIG_KEY
+    from erpo_lightning.checkpoints.resume_config import CONFIG_KEY
 
     def config(**peft) -> dict:
         return {"model": {"model_path": str(SHIPPED_DIR), "peft": {**LORA, "checkpoint": "full", **peft}}}

@@ -19,12 +19,12 @@ import yaml
 from helpers.cli_runs import fails_in_one_line, tiny_config
 from helpers.resume_runs import run_main
 
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.evaluation.validate import load_policy_weights
-from erpo_lightning.export import export_checkpoint
+from erpo_lightning.export.hf_model import export_checkpoint
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings
-from erpo_lightning.tiny_qwen2 import load_tiny_model, save_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model, save_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*:UserWarning")
 PEFT = {"r": 4, "alpha": 8.0}

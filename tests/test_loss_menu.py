@@ -14,9 +14,9 @@ from helpers.module_steps import PROMPTS, TEMPERATURE
 from helpers.step_runs import LayoutScores, prepared, step
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
-from erpo_lightning.logprobs import causal_lm_logits
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.objectives.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
+from erpo_lightning.scoring.logprobs import causal_lm_logits
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 AGGREGATIONS = get_args(obj.AggregationMode)
 NEW_PRESETS = ("gspo", "gspo_erpo", "cispo", "cispo_erpo")

@@ -9,7 +9,7 @@ import yaml
 from helpers.cli_runs import run_main
 from helpers.fit_configs import csv_logger, fit_config, write_config
 
-from erpo_lightning.cli import main
+from erpo_lightning.cli.command import main
 
 NEW_FIELDS = (
     "ratio_level", "sequence_clip_low", "sequence_clip_high", "policy_loss", "cispo_weight_cap", "entropy_coef",

@@ -4,7 +4,7 @@ CISPO (`loss_type='cispo'`), the entropy bonus (`entropy_coef`) and the high-ent
 TRL runs its own `GRPOTrainer._compute_loss` on its own rollout batch (fixed completions, `num_iterations: 2`, so it
 computes and passes the old log-probs); the old log-probs are then moved by fixed noise, as a later iteration sees
 them, so sequence ratios leave GSPO's clip band and CISPO's weights pass their cap. Our side scores the same rows with
-`erpo_lightning.logprobs` / `objectives.token_entropy` and builds the loss with `objectives.rl_loss` under the
+`erpo_lightning.scoring.logprobs` / `objectives.token_entropy` and builds the loss with `objectives.rl_loss` under the
 `Algorithm` that `trl_config.trl_loss_menu` makes of TRL's GRPOConfig. Everything is float32 on CPU; the loss and
 every parameter's gradient must agree within 1e-6 absolute (the existing TRL parity test's tolerance).
 
@@ -20,9 +20,9 @@ from helpers.trl_setup import COMPLETIONS, GROUP_SIZE, PROMPTS, REWARDS, require
 from helpers.trl_setup import make_trainer as make_helper_trainer
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import resolve_algorithm
-from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs
-from erpo_lightning.tiny_qwen2 import save_tiny_model
+from erpo_lightning.objectives.algorithms import resolve_algorithm
+from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
+from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 pytestmark = [pytest.mark.slow, requires_trl]
 

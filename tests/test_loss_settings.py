@@ -11,7 +11,9 @@ from typing import Literal
 
 from lightning.pytorch.cli import LightningArgumentParser
 
-from erpo_lightning.algorithms import (
+from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.objectives import LossSettings
+from erpo_lightning.objectives.algorithms import (
     NO_CLIP,
     REFERENCE_COMMAND,
     Algorithm,
@@ -19,8 +21,6 @@ from erpo_lightning.algorithms import (
     loss_setting_docs,
     loss_settings_markdown,
 )
-from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.objectives import LossSettings
 
 FIELDS = [f.name for f in fields(Algorithm)]
 # Config values that a module argument takes besides its field's type and None (None keeps the preset's value).

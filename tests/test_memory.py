@@ -1,4 +1,4 @@
-"""The heap release the `erpo` command runs between phases (erpo_lightning/memory.py), observed through glibc."""
+"""The heap release the `erpo` command runs between phases (erpo_lightning/common/memory.py), observed through glibc."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 # itself), free the 100 blocks, and read the resident set before and after `release_free_heap`.
 PROBE = """
 import ctypes, json
-from erpo_lightning.memory import release_free_heap
+from erpo_lightning.common.memory import release_free_heap
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):

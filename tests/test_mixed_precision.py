@@ -11,13 +11,13 @@ import torch
 from helpers.module_steps import PROMPTS, fit_one_batch, rollout_batch
 from helpers.step_runs import LayoutScores, prepared, step
 
-from erpo_lightning.algorithms import resolve_algorithm
 from erpo_lightning.data import CacheMismatchError, QueryDataModule, build_or_load_cache, policy_compute_dtype
 from erpo_lightning.data.cache_build import ComputePath, load_reference_model
 from erpo_lightning.data.fingerprint import fingerprint_digest
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.objectives.algorithms import resolve_algorithm
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 MIXED = "float32+autocast_bfloat16"
 

@@ -28,8 +28,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.evaluation.validate import load_policy_weights
-from erpo_lightning.tiny_qwen2 import save_tiny_model
 from erpo_lightning.toy import SHIPPED_DIR
+from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
 

@@ -2,7 +2,7 @@
 twin trained.
 
 Checked here: the config parses as `erpo fit --print_config` does; it passes every check `erpo fit` runs before a
-model is loaded (`cli_checks.check_settings`: the model path, the rollout, data and module settings, the group size and
+model is loaded (`cli.checks.check_settings`: the model path, the rollout, data and module settings, the group size and
 the step-memory plan), with Qwen2.5-Math-1.5B's config.json written to a local folder in place of the Hub id; the
 memory plan the page quotes is what the planner prints for it; and the same config, with the page's CPU overlay on
 the shipped toy model and HFEngine, trains 2 steps through the real `erpo` command.
@@ -25,9 +25,9 @@ from helpers.cli_runs import run_main
 from helpers.docs import example
 from helpers.fit_configs import run_erpo
 
-import erpo_lightning.cli as cli
+import erpo_lightning.cli.command as cli
 import erpo_lightning.data.step_memory as step_memory
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.toy import SHIPPED_DIR
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,12 +8,12 @@ from helpers.module_steps import PROMPTS, ReferenceLogprobs, fit_one_batch, make
 from helpers.step_runs import LayoutScores, prepared, step
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from erpo_lightning.algorithms import resolve_algorithm
-from erpo_lightning.logprobs import causal_lm_window, prompt_response_logprobs_and_entropy, response_logprobs
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
 from erpo_lightning.modules.settings import check_module_settings
-from erpo_lightning.output_layer import fused_output_problem
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.objectives.algorithms import resolve_algorithm
+from erpo_lightning.scoring.logprobs import causal_lm_window, prompt_response_logprobs_and_entropy, response_logprobs
+from erpo_lightning.scoring.output_layer import fused_output_problem
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 from erpo_lightning.update.step import full_logits_forward, response_logits_forward, rollout_loss_rows
 
 VOCAB, HIDDEN = 37, 16

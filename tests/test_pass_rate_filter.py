@@ -16,7 +16,7 @@ from erpo_lightning.data import QueryDataModule, prepare_queries
 from erpo_lightning.data.pass_rate import PassRateFilter, keep_band, load_or_compute_rates, pass_rates
 from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.rollout import HFEngine, RolloutSampler, SamplingSettings
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
 
 GOLDS = ["always", "never", "parity", "parity", "parity", "parity", "parity", "parity"]
 BAND = {"low": 0.2, "high": 0.6, "samples": 5, "temperature": 1.0, "max_new_tokens": 3, "batch_size": 3}

@@ -9,7 +9,7 @@ from helpers.cli_runs import run_main
 from helpers.fit_configs import run_erpo
 from helpers.healthy_run import STEPS
 
-from erpo_lightning.plot import PANELS, main, panel_note, read_series, running_mean
+from erpo_lightning.cli.plot import PANELS, main, panel_note, read_series, running_mean
 
 
 def test_plot_of_a_toy_run_draws_every_panel(healthy_toy_run, tmp_path):

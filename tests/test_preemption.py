@@ -18,7 +18,7 @@ from helpers.resume_runs import LOGGED, run
 from lightning.pytorch.loggers import CSVLogger
 
 from erpo_lightning.callbacks.preemption import Preempted
-from erpo_lightning.checkpointing import lock_path
+from erpo_lightning.checkpoints.files import lock_path
 from erpo_lightning.data.reference_logprobs import CacheBuildStopped, StopOnSignals
 from erpo_lightning.toy import SHIPPED_DIR
 

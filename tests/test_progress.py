@@ -9,7 +9,7 @@ import torch
 
 from erpo_lightning.callbacks.progress import ERPOProgressBar, ProgressLines, format_duration, headline_values, phase
 from erpo_lightning.callbacks.temperature_sweep import sweep_size
-from erpo_lightning.cli import ERPOLightningTrainer
+from erpo_lightning.cli.command import ERPOLightningTrainer
 from erpo_lightning.evaluation.sweep import PreparedBenchmark, SweepConfig
 
 PROGRESS_LINE = re.compile(r"^\[erpo\] step (\d+)/12 \| reward [0-9.]+ \| accuracy [0-9.]+% \| query_kl \S.*eta", re.M)
@@ -47,7 +47,7 @@ def test_headline_values_format_the_logged_metrics():
 
 
 def test_terminal_bar_shows_the_headline_numbers(tmp_path, monkeypatch):
-    monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: True)
+    monkeypatch.setattr("erpo_lightning.cli.command.stderr_is_terminal", lambda: True)
     trainer = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
     bar = trainer.progress_bar_callback
     assert isinstance(bar, ERPOProgressBar)
@@ -57,7 +57,7 @@ def test_terminal_bar_shows_the_headline_numbers(tmp_path, monkeypatch):
 
 
 def test_log_file_gets_progress_lines_and_rejects_a_bad_interval(tmp_path, monkeypatch):
-    monkeypatch.setattr("erpo_lightning.cli.stderr_is_terminal", lambda: False)
+    monkeypatch.setattr("erpo_lightning.cli.command.stderr_is_terminal", lambda: False)
     trainer = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
     assert isinstance(trainer.progress_bar_callback, ProgressLines)
     with pytest.raises(ValueError, match="ProgressLines every_n_steps must be >= 1"):

@@ -14,10 +14,10 @@ from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 from helpers.module_steps import PROMPTS, ReferenceLogprobs, fit_one_batch, rollout_batch
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs
-from erpo_lightning.logprobs import gather_token_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.scoring.logprobs import gather_token_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout
 from erpo_lightning.toy.ship import SHIPPED_DIR
 
 

@@ -9,12 +9,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
-from erpo_lightning.cli import ERPOLightningTrainer
+from erpo_lightning.cli.command import ERPOLightningTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 NUM_QUERIES = 40
 STEPS = 6

@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 
-from erpo_lightning.gguf import MANIFEST_NAME, is_gguf, resolve_model_path
 from erpo_lightning.rollout import HFEngine, VLLMEngine
 from erpo_lightning.rollout.engine import declare_context
+from erpo_lightning.weights.gguf import MANIFEST_NAME, is_gguf, resolve_model_path
 
 
 def test_non_gguf_paths_pass_through_and_a_missing_gguf_is_named(tmp_path):
@@ -126,8 +126,8 @@ def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
 
     import yaml
 
+    from erpo_lightning.common.file_hashes import cache_home
     from erpo_lightning.data.sources import BENCHMARK_DIR
-    from erpo_lightning.file_hashes import cache_home
     from erpo_lightning.real_model import smollm2_gguf
 
     config = fit_config(
@@ -206,7 +206,7 @@ def test_the_smollm2_example_config_trains_two_small_steps(smollm2_dir, tmp_path
     import json
 
     pytest.importorskip("vllm")
-    from erpo_lightning.file_hashes import cache_home
+    from erpo_lightning.common.file_hashes import cache_home
 
     flags = {
         "model.model_path": str(smollm2_dir),
@@ -249,7 +249,7 @@ def test_smollm2_in_bfloat16_end_to_end_starts_at_query_kl_zero(smollm2_dir, tmp
     import yaml
 
     pytest.importorskip("vllm")
-    from erpo_lightning.file_hashes import cache_home
+    from erpo_lightning.common.file_hashes import cache_home
 
     overlay = SMOLLM2_CONFIG.with_name("smollm2_bf16.yaml")
     flags = {

@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers.resume_runs import resumed_equals_full_run, run
 
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 
 @pytest.mark.slow  # end-to-end: a fit, a stop and a resume

@@ -17,15 +17,15 @@ from helpers.resume_runs import run_main
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from erpo_lightning.checkpointing import (
+from erpo_lightning.checkpoints.files import (
     AtomicCheckpointIO,
     CheckpointWriteError,
     check_fresh_run_folders,
     partial_path,
     resolve_resume_path,
 )
-from erpo_lightning.cli import ERPOLightningTrainer
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.cli.command import ERPOLightningTrainer
+from erpo_lightning.common.errors import SettingsError
 
 DEV_FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not DEV_FULL.exists(), reason="needs /dev/full (Linux)")

@@ -7,9 +7,9 @@ import yaml
 from helpers.cli_runs import fails_in_one_line, tiny_config
 from helpers.resume_runs import run_main
 
-from erpo_lightning.errors import SettingsError
-from erpo_lightning.resume_config import CONFIG_KEY, check_resume_config
-from erpo_lightning.tiny_qwen2 import save_tiny_model
+from erpo_lightning.checkpoints.resume_config import CONFIG_KEY, check_resume_config
+from erpo_lightning.common.errors import SettingsError
+from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 
 @pytest.fixture()
@@ -97,8 +97,8 @@ def test_a_checkpoint_without_the_cli_config_is_compared_by_its_module_settings(
 
 
 def test_a_sharded_checkpoint_folder_is_checked_through_its_metadata(tmp_path):
-    from erpo_lightning.checkpointing import read_checkpoint
-    from erpo_lightning.resume_config import check_checkpoint_model
+    from erpo_lightning.checkpoints.files import read_checkpoint
+    from erpo_lightning.checkpoints.resume_config import check_checkpoint_model
 
     folder = tmp_path / "last.ckpt"  # what ModelParallelStrategy writes: tensor shards plus meta.pt
     folder.mkdir()

@@ -25,7 +25,7 @@ from erpo_lightning.rewards import CombinedReward, RewardSignature
 from erpo_lightning.rewards.combined import check_reward_inputs
 from erpo_lightning.rewards.protocol import score_responses
 from erpo_lightning.rollout import HFEngine, RolloutSampler, SamplingSettings
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
 
 PROBLEMS = ["Compute 1 + 2.", "What is 7 - 3?", "Say ½ of 10, in words: «five»."]
 

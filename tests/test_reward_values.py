@@ -15,11 +15,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from erpo_lightning.callbacks import RolloutCallback
-from erpo_lightning.cli import ERPOLightningTrainer
+from erpo_lightning.cli.command import ERPOLightningTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine, RolloutSampler, SamplingSettings
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 SHIPPED = Path(__file__).resolve().parents[1] / "erpo_lightning" / "toy" / "shipped"
 OWN = f"{__name__}.constant.<locals>.returns_value"  # how messages name the reward `constant` makes

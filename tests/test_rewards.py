@@ -11,7 +11,7 @@ from erpo_lightning.rewards import MathReward, extract_answer, verify_answer
 from erpo_lightning.rewards.protocol import score_responses
 from erpo_lightning.rollout.engine import Sample
 from erpo_lightning.rollout.sampler import RolloutSampler
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ from helpers.policies import ParityReward, PolicyModule, fit_rollouts, query_loa
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.data import QueryDataModule
-from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.rollout import HFEngine, VLLMEngine
 from erpo_lightning.rollout.batch import RolloutBatch
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
+from erpo_lightning.scoring.logprobs import sequence_logprobs
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
 
 TEMPERATURE = 0.8
 GROUP_SIZE = 4

@@ -10,9 +10,9 @@ import torch
 from helpers.module_steps import PROMPTS, ReferenceLogprobs, fit_one_batch, rollout_batch
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import ALGORITHMS, Algorithm
-from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.objectives.algorithms import ALGORITHMS, Algorithm
+from erpo_lightning.scoring.logprobs import response_logprobs
 
 TRAINER = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -4.0]]
 SAMPLER = [[-1.5, -1.0, -0.5], [-0.3, -3.0, 50.0]]  # the last token is padding: its junk must not count

@@ -10,12 +10,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from erpo_lightning.errors import VLLM_RELOAD_LOGGER, quiet_known_warnings
-from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.common.errors import VLLM_RELOAD_LOGGER, quiet_known_warnings
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.engine import derive_seed, rollout_seed
 from erpo_lightning.rollout.vllm_engine import import_vllm
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
+from erpo_lightning.scoring.logprobs import sequence_logprobs
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
 
 MAX_MODEL_LEN = 256
 QUESTIONS = ["hi", "What is 2 + 2? Answer briefly.", "x"]

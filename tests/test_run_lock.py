@@ -10,11 +10,11 @@ import pytest
 import yaml
 from helpers.cli_runs import run_main, tiny_config
 
-from erpo_lightning.checkpointing import RunDirectoryInUse, RunDirectoryLock, lock_path
+from erpo_lightning.checkpoints.files import RunDirectoryInUse, RunDirectoryLock, lock_path
 
 HOLD = """
 import sys, time
-from erpo_lightning.checkpointing import RunDirectoryLock
+from erpo_lightning.checkpoints.files import RunDirectoryLock
 RunDirectoryLock([sys.argv[1]]).acquire()
 print("locked", flush=True)
 time.sleep(120)

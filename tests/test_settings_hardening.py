@@ -13,8 +13,7 @@ import torch
 import yaml
 from helpers.cli_runs import fails_in_one_line, tiny_config
 
-from erpo_lightning.algorithms import Algorithm
-from erpo_lightning.cli import main
+from erpo_lightning.cli.command import main
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.settings import check_scoring_cache_engine
 from erpo_lightning.modules.step_metrics import (
@@ -25,6 +24,7 @@ from erpo_lightning.modules.step_metrics import (
     update_rollout_correction_metrics,
 )
 from erpo_lightning.objectives import rollout_correction_weights
+from erpo_lightning.objectives.algorithms import Algorithm
 from erpo_lightning.toy import SHIPPED_DIR
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -7,10 +7,10 @@ import torch
 from helpers.module_steps import PROMPTS
 from helpers.step_runs import LayoutScores, prepared, step
 
-from erpo_lightning.algorithms import resolve_algorithm
-from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.objectives.algorithms import resolve_algorithm
+from erpo_lightning.scoring.queries import QueryScoringLayout
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 
 @pytest.mark.parametrize("preset", ["erpo", "grpo", "grpo_kl", "dr_grpo", "erpo_released"])

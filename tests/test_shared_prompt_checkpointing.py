@@ -14,9 +14,9 @@ from helpers.quickstart import copy_quickstart_inputs
 from helpers.step_runs import LayoutScores, prepared, step
 from safetensors.torch import load_file
 
-from erpo_lightning.algorithms import resolve_algorithm
 from erpo_lightning.modules.settings import check_module_settings
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.objectives.algorithms import resolve_algorithm
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 from erpo_lightning.update.shared_prompt import PrefixCache
 
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from erpo_lightning.data import step_memory
 from erpo_lightning.data.step_memory import ModelShape, StepSizes, check_fit_memory, memory_verdict
-from erpo_lightning.logprobs import CHUNK_ELEMENTS
+from erpo_lightning.scoring.logprobs import CHUNK_ELEMENTS
 from erpo_lightning.toy import SHIPPED_DIR
 
 GIB = 2**30

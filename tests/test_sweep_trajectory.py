@@ -17,7 +17,7 @@ from erpo_lightning.data import PromptFormat, resolve_template
 from erpo_lightning.evaluation import Benchmark, Sweep, SweepConfig
 from erpo_lightning.rollout import Sample
 from erpo_lightning.rollout.sampler import RolloutSampler
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 from studies.engine.report import DamagedRunFile, RunRecord, check_metrics_reach
 from studies.engine.trajectory import schedule, sweeps, wrong_steps
 
@@ -150,7 +150,7 @@ def test_sweep_rows_that_do_not_follow_the_schedule_are_refused(tmp_path):
 @pytest.mark.slow
 def test_a_real_fit_logs_its_sweeps_where_the_schedule_says(tiny_model_path, benchmarks_dir, tmp_path):
     from erpo_lightning.callbacks import RolloutCallback, TemperatureSweepCallback
-    from erpo_lightning.cli import ERPOLightningTrainer
+    from erpo_lightning.cli.command import ERPOLightningTrainer
     from erpo_lightning.data import QueryDataModule
     from erpo_lightning.modules.erpo_module import ERPOModule
     from erpo_lightning.rollout import HFEngine

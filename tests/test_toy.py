@@ -16,7 +16,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from erpo_lightning.data.templates import render_prompt, tokenize_prompts
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rollout.engine import left_pad
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
 from erpo_lightning.toy import (
     MAX_NEW_TOKENS,
     SHIPPED_DIR,
@@ -34,6 +33,7 @@ from erpo_lightning.toy import assets as toy_assets
 from erpo_lightning.toy.pretrain import IGNORE_INDEX, collate, encode_examples, pretrain, sample_correct
 from erpo_lightning.toy.ship import file_sha256, ship, weights_sha256
 from erpo_lightning.toy.task import NUM_PROBLEMS
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 PROBLEM = re.compile(r"Compute (\d+) ([+-]) (\d+) ([+-]) (\d+)\.")
 OPS = {"+": operator.add, "-": operator.sub}

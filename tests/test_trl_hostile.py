@@ -15,7 +15,7 @@ import torch
 from helpers.trl_setup import PROMPTS, REWARDS, make_trainer, requires_trl
 
 from erpo_lightning.modules.optim import NonFiniteLossError
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 pytestmark = [pytest.mark.slow, requires_trl]
 BAD_ROW = 2  # COMPLETIONS[2] is "it is 15<|im_end|>"

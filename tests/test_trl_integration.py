@@ -30,19 +30,19 @@ from helpers.trl_setup import (
 )
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import resolve_algorithm
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.fingerprint import CacheMismatchError
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs
-from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
+from erpo_lightning.objectives.algorithms import resolve_algorithm
+from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_erpo_lightning_never_imports_trl():
     code = (
-        "import sys, erpo_lightning, erpo_lightning.objectives, erpo_lightning.algorithms, "
+        "import sys, erpo_lightning, erpo_lightning.objectives, erpo_lightning.objectives.algorithms, "
         "erpo_lightning.integrations, erpo_lightning.integrations.reference_scores; "
         "print(sorted(name for name in sys.modules if name == 'trl' or name.startswith('trl.')))"
     )

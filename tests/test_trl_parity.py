@@ -2,7 +2,7 @@
 
 TRL runs its own code path: `_generate_and_score_completions` (fixed completions from a `rollout_func`, rewards from
 a reward function, TRL's group advantages with its 1e-4 epsilon, its reference model's log-probs) and then
-`compute_loss`. Our side scores the same rows with `erpo_lightning.logprobs` and builds the loss from
+`compute_loss`. Our side scores the same rows with `erpo_lightning.scoring.logprobs` and builds the loss from
 `erpo_lightning.objectives`, both from its parts and through `rl_loss` (what the module runs). The policy is
 perturbed away from the reference (so Policy-KL is not zero) and the old log-probs are given, off-policy (so both
 clip sides are active). The mapping tested here is the one docs/trl.md documents, including where the two differ by
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import Algorithm
-from erpo_lightning.logprobs import causal_lm_logits, prompt_response_token_logprobs
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, save_tiny_model
+from erpo_lightning.objectives.algorithms import Algorithm
+from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, save_tiny_model
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,9 +11,9 @@ from helpers.imports import PACKAGE, imported_modules
 from helpers.module_steps import PAD, PROMPTS, ReferenceLogprobs, rollout_batch
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import AlgorithmName, resolve_algorithm
-from erpo_lightning.logprobs import response_logprobs
-from erpo_lightning.tiny_qwen2 import load_tiny_model
+from erpo_lightning.objectives.algorithms import AlgorithmName, resolve_algorithm
+from erpo_lightning.scoring.logprobs import response_logprobs
+from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 from erpo_lightning.update import (
     accumulate_gradients,
     full_logits_forward,

@@ -11,8 +11,8 @@ from helpers.batches import carrying_scores, rollout_loader
 from helpers.module_steps import PROMPTS, ReferenceLogprobs, fit_one_batch, make_module, rollout_batch
 
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout
 
 
 class Snapshot(L.Callback):

@@ -11,9 +11,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoTokenizer
 
-from erpo_lightning.gguf import share_like_other_files
-from erpo_lightning.merged_weights import base_model_items, lora_layers
-from erpo_lightning.model_card import CARD_NAME, model_card
+from erpo_lightning.export.model_card import CARD_NAME, model_card
+from erpo_lightning.weights.gguf import share_like_other_files
+from erpo_lightning.weights.merged import base_model_items, lora_layers
 
 
 def export_policy(
@@ -23,7 +23,7 @@ def export_policy(
     and `card` (the model card's text, None: none) as its README.md.
 
     Every rank must call this: gathering a sharded state dict is a collective; only rank 0 writes. A LoRA policy is
-    written merged, under the base model's names (`merged_weights.base_model_items`): a plain model, loadable without
+    written merged, under the base model's names (`weights.merged.base_model_items`): a plain model, loadable without
     peft. Its files get the permissions of any file the run writes (0644 under the usual umask), not the 0600
     `save_pretrained` gives the weights.
     """
@@ -44,7 +44,7 @@ def run_state(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, A
     hyper-parameters, the run config the CLI records (`RunConfigRecorder`, when there is one), the global step and
     the sweep history of each TemperatureSweepCallback."""
     from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback
-    from erpo_lightning.resume_config import CONFIG_KEY, RunConfigRecorder
+    from erpo_lightning.checkpoints.resume_config import CONFIG_KEY, RunConfigRecorder
 
     recorders = [callback for callback in trainer.callbacks if isinstance(callback, RunConfigRecorder)]
     sweeps = [callback for callback in trainer.callbacks if isinstance(callback, TemperatureSweepCallback)]
@@ -83,7 +83,7 @@ class HFExportCallback(pl.Callback):
         return Path(trainer.log_dir or trainer.default_root_dir) / "hf_model"
 
     def _export(self, trainer: pl.Trainer, pl_module: pl.LightningModule, directory: Path) -> None:
-        from erpo_lightning.export import initial_model_reference
+        from erpo_lightning.export.hf_model import initial_model_reference
 
         card = None
         if trainer.is_global_zero:

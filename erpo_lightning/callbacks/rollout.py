@@ -19,9 +19,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from erpo_lightning.callbacks.progress import phase
+from erpo_lightning.common.setting_rules import Rule, check_rules
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
-from erpo_lightning.logprobs import response_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.objectives import check_group_size
 from erpo_lightning.rewards.combined import check_reward_inputs, response_components
@@ -38,7 +38,7 @@ from erpo_lightning.rollout.engine import (
     rollout_seed,
 )
 from erpo_lightning.rollout.sampler import RolloutSampler
-from erpo_lightning.setting_rules import Rule, check_rules
+from erpo_lightning.scoring.logprobs import response_logprobs
 
 # (field, test, allowed range as the error states it); a field missing from the checked mapping is not checked.
 _SETTING_RULES: tuple[Rule, ...] = (

@@ -25,8 +25,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from erpo_lightning import holder_locks
-from erpo_lightning.data.query_scoring import QueryScoringLayout
+from erpo_lightning.common import holder_locks
+from erpo_lightning.scoring.queries import QueryScoringLayout
 
 SCORES_FILE = "scores.safetensors"
 MANIFEST_FILE = "manifest.json"

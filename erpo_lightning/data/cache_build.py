@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from transformers import AutoModelForCausalLM
 
+from erpo_lightning.common.file_hashes import cache_home
 from erpo_lightning.data.cache import (
     SCORES_FILE,
     CacheCorruptError,
@@ -35,7 +36,6 @@ from erpo_lightning.data.cache import (
 from erpo_lightning.data.fingerprint import check_manifest, fingerprint_digest
 from erpo_lightning.data.reference_logprobs import Gather, StopOnSignals, compute_reference_logprobs, finished_chunks
 from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
-from erpo_lightning.file_hashes import cache_home
 
 if TYPE_CHECKING:
     from erpo_lightning.data.datamodule import QueryDataModule

@@ -22,7 +22,8 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from erpo_lightning.algorithms import Algorithm
+from erpo_lightning.common.file_hashes import cache_home
+from erpo_lightning.common.setting_rules import Rule, at_least, check_rules
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.cache_build import (
     load_or_compute_cache,
@@ -40,18 +41,17 @@ from erpo_lightning.data.pass_rate import (
     rates_file_name,
 )
 from erpo_lightning.data.prepare import Overlong, PreparedQueries, PromptFormat, check_golds, prepare_queries
-from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import (
     LogprobBatching,
 )
 from erpo_lightning.data.sampler import QueryBatchSampler
 from erpo_lightning.data.sources import SourceSpec
 from erpo_lightning.data.templates import resolve_template
-from erpo_lightning.file_hashes import cache_home
+from erpo_lightning.objectives.algorithms import Algorithm
 from erpo_lightning.rollout.batch import QueryBatch
 from erpo_lightning.rollout.hf_engine import HFEngine
 from erpo_lightning.rollout.sampler import RolloutSampler
-from erpo_lightning.setting_rules import Rule, at_least, check_rules
+from erpo_lightning.scoring.queries import QueryScoringLayout
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 PASS_RATE_ROOT = cache_home() / "pass_rates"  # the pass-rate filter's rates, one file per fingerprint
@@ -141,7 +141,7 @@ class QueryDataModule(LightningDataModule):
             (the engine's `prompt_logprobs`; needs vLLM installed; equal to ~1e-6 in float32, not bit for bit, so
             it needs the module's `query_kl_scoring: shared_forward`).
         query_score_rows, query_score_width_multiple: the shape of every query-scoring forward, in the cache build
-            and in the training step (`query_scoring.QueryScoringLayout`): blocks of this many queries, each
+            and in the training step (`scoring.queries.QueryScoringLayout`): blocks of this many queries, each
             right-padded to a multiple of this many tokens. Equal shapes make the step's scores at θ0 equal the
             cache's bit for bit; part of the cache's fingerprint.
         pass_rate_filter: keep only the training queries whose pass rate under the initial policy lies in a band

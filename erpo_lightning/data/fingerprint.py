@@ -16,9 +16,9 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from erpo_lightning.data.query_scoring import QueryScoringLayout
+from erpo_lightning.common.file_hashes import cached_file_sha256
 from erpo_lightning.data.sources import Query
-from erpo_lightning.file_hashes import cached_file_sha256
+from erpo_lightning.scoring.queries import QueryScoringLayout
 
 # Fields that must match for a cache to be reused; the rest of the manifest is informational.
 FINGERPRINT_FIELDS = (

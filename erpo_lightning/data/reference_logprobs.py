@@ -3,7 +3,7 @@
 Queries are sorted by length (longest first, so an out-of-memory shows at once) and cut into chunks of
 `chunk_size` queries; rank r scores chunks r, r + world_size, ... Each finished chunk is written to `chunk_dir`
 (safetensors), so a restarted run skips it. Within a chunk, a transformers model scores in the blocks of
-`query_scoring.QueryScoringLayout`, the shape the training step scores queries at, so the two agree bit for bit;
+`scoring.queries.QueryScoringLayout`, the shape the training step scores queries at, so the two agree bit for bit;
 vLLM scores in batches of at most `max_tokens` padded tokens.
 
 A build stopped by SIGTERM or SIGUSR1 (`StopOnSignals`) keeps its finished chunks, leaves no partial file, and raises
@@ -26,8 +26,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from erpo_lightning.data.cache import ReferenceLogprobCache, atomic_save_file
-from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
 from erpo_lightning.data.reference_logprobs_vllm import vllm_query_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout, score_block
 
 CHUNK_NAME = "chunk_{:06d}.safetensors"  # one finished chunk in `chunk_dir`, by chunk number
 Shard = dict[str, torch.Tensor]  # {"query_index" [n], "lengths" [n], "logprobs" [sum(lengths)]}
@@ -97,7 +97,7 @@ class LogprobBatching:
         max_tokens: padded tokens per vLLM batch (rows × longest prompt); bounds activation memory.
         max_batch_size: rows per vLLM batch.
         chunk_size: queries per resumable chunk (also the unit of work shared between ranks).
-        layout: the blocks a transformers model scores in (the training step's shape: see `query_scoring`).
+        layout: the blocks a transformers model scores in (the training step's shape: see `scoring.queries`).
     """
 
     max_tokens: int = 16384

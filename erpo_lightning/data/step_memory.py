@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from erpo_lightning.logprobs import CHUNK_ELEMENTS
+from erpo_lightning.scoring.logprobs import CHUNK_ELEMENTS
 
 REFUSE_FACTOR = 4.0  # refuse above this many times the memory available
 ROLLOUT_BYTES_PER_TOKEN = 16  # int64 token id + int64 attention mask

@@ -18,11 +18,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from erpo_lightning.common.memory import release_free_heap
+from erpo_lightning.common.setting_rules import Rule, check_rules, or_null
 from erpo_lightning.data.prepare import PromptFormat, prepare_queries
 from erpo_lightning.data.sources import DataError, SourceSpec, describe, resolve_spec
 from erpo_lightning.data.templates import PromptTemplate, resolve_template
 from erpo_lightning.evaluation.sweep_metrics import SweepMetric
-from erpo_lightning.memory import release_free_heap
 from erpo_lightning.rollout.engine import (
     SAMPLING_RULES,
     TEMPERATURE_RANGE,
@@ -31,7 +32,6 @@ from erpo_lightning.rollout.engine import (
     is_sampling_temperature,
 )
 from erpo_lightning.rollout.sampler import GradedGroups, RolloutSampler
-from erpo_lightning.setting_rules import Rule, check_rules, or_null
 
 DEFAULT_TEMPERATURES = [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5]
 
@@ -295,7 +295,7 @@ class Sweep:
         grader = counters()
         # A CombinedReward's component means since its last report: this sweep's, not the next rollout step's.
         getattr(self.sampler.reward, "components", dict)()
-        release_free_heap()  # the sweep's buffers: see erpo_lightning/memory.py
+        release_free_heap()  # the sweep's buffers: see erpo_lightning/common/memory.py
         return SweepResult(values, timing, grader, completions)
 
     def _sample_and_grade(self, rank: int, world_size: int, completions: list[dict] | None = None) -> SweepTiming:

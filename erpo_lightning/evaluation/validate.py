@@ -16,8 +16,8 @@ import torch
 import yaml
 from rich.console import Console
 
-from erpo_lightning.checkpointing import check_tensor_digest, read_checkpoint
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.checkpoints.files import check_tensor_digest, read_checkpoint
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.evaluation.report import PLOT_PNG, SweepRun, plot_accuracy, print_tables, result_rows, write_results
 from erpo_lightning.evaluation.sweep import Sweep
 from erpo_lightning.modules.lora_files import check_adapters_base, fill_frozen_weights, trainable_state_names
@@ -33,7 +33,7 @@ def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
     process without a process group. A file of LoRA adapters alone (`model.peft.checkpoint: adapters`) loads into the
     adapters of `policy`, whose base must be the one they were trained on: its weight files, at `policy.name_or_path`,
     hash as the checkpoint records (`lora_files.check_adapters_base`). A file's tensors must hash as its digest records
-    (`checkpointing.check_tensor_digest`: CheckpointDigestError naming the file and the tensor; a file without a digest
+    (`checkpoints.files.check_tensor_digest`: CheckpointDigestError naming the file and the tensor; a file without a digest
     loads with a warning line).
     """
     path = Path(ckpt_path)

@@ -18,15 +18,15 @@ import torch
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import SCORES_FILE, ReferenceLogprobCache, read_manifest, write_cache
 from erpo_lightning.data.fingerprint import _json_hash, check_manifest, fingerprint_digest
-from erpo_lightning.data.query_scoring import QueryScoringLayout
 from erpo_lightning.data.reference_logprobs import compute_reference_logprobs
-from erpo_lightning.merged_weights import theta0_named_parameters
+from erpo_lightning.scoring.queries import QueryScoringLayout
+from erpo_lightning.weights.merged import theta0_named_parameters
 
 
 def parameters_hash(model: torch.nn.Module) -> str:
     """sha256 over the names, dtypes, shapes and bytes of `model`'s parameters: which weights θ0 was. A model with
     LoRA adapters that add nothing yet (TRL's `peft_config` before the first step) hashes as its base model
-    (`merged_weights.theta0_named_parameters`), so its θ0 scores are the base model's, reusable by either."""
+    (`weights.merged.theta0_named_parameters`), so its θ0 scores are the base model's, reusable by either."""
     digest = hashlib.sha256()
     for name, parameter in theta0_named_parameters(model):
         tensor = parameter.detach().cpu().contiguous().reshape(-1)

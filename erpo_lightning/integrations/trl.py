@@ -29,7 +29,6 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import Algorithm
 from erpo_lightning.data.reference_logprobs import compute_reference_logprobs
 from erpo_lightning.integrations.reference_scores import load_or_score, probe_query_kl, reference_manifest
 from erpo_lightning.integrations.trl_config import (
@@ -49,9 +48,10 @@ from erpo_lightning.integrations.trl_guards import (
     prompt_problem,
     reward_problem,
 )
-from erpo_lightning.logprobs import position_ids_from_mask
 from erpo_lightning.modules.lora import peft_config_problem
 from erpo_lightning.modules.settings import QueryKLScoring
+from erpo_lightning.objectives.algorithms import Algorithm
+from erpo_lightning.scoring.logprobs import position_ids_from_mask
 from erpo_lightning.update import LossRows, micro_batch_loss, query_pass_term, step_query_weights
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]

@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 
 from trl import GRPOConfig
 
-from erpo_lightning.algorithms import Algorithm, resolve_algorithm
+from erpo_lightning.objectives.algorithms import Algorithm, resolve_algorithm
 
 # TRL's loss_type for each of our aggregations (docs/trl.md, "Loss types"); seq_mean_token_sum has none.
 TRL_LOSS_TYPE = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}

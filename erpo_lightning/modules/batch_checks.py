@@ -3,7 +3,7 @@ algorithm's loss and w(q) rule read. Each check raises ValueError naming the set
 
 from __future__ import annotations
 
-from erpo_lightning.algorithms import Algorithm
+from erpo_lightning.objectives.algorithms import Algorithm
 from erpo_lightning.rollout.batch import RolloutBatch
 
 

@@ -22,13 +22,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
+from erpo_lightning.checkpoints.module_state import load_module_state, save_module_state
+from erpo_lightning.common.memory import release_free_heap
 from erpo_lightning.data.cache_build import ComputePath, policy_compute_dtype
 from erpo_lightning.data.datamodule import QueryDataModule
-from erpo_lightning.logprobs import response_logprobs
-from erpo_lightning.memory import release_free_heap
 from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant
-from erpo_lightning.modules.checkpoint_state import load_module_state, save_module_state
 from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
 from erpo_lightning.modules.lora_files import load_adapter_weights
@@ -47,8 +45,10 @@ from erpo_lightning.modules.step_metrics import (
     compute_and_reset,
     update_step_metrics,
 )
-from erpo_lightning.output_layer import fused_output_problem
+from erpo_lightning.objectives.algorithms import Algorithm, AlgorithmName, loss_setting_args_doc, resolve_algorithm
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
+from erpo_lightning.scoring.logprobs import response_logprobs
+from erpo_lightning.scoring.output_layer import fused_output_problem
 from erpo_lightning.update import (
     LossRows,
     accumulate_gradients,
@@ -279,12 +279,12 @@ class ERPOModule(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Add the module's counters and RNG states; refuse to save non-finite weights (`checkpoint_state.py`)."""
+        """Add the module's counters and RNG states; refuse to save non-finite weights (`checkpoints/module_state.py`)."""
         save_module_state(self, checkpoint)
         checkpoint["erpo_entropy_control"] = self.entropy_control.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Restore the counters and RNG states; complete an adapters-only checkpoint (`checkpoint_state.py`)."""
+        """Restore the counters and RNG states; complete an adapters-only checkpoint (`checkpoints/module_state.py`)."""
         load_module_state(self, checkpoint)
         if "erpo_entropy_control" in checkpoint:
             self.entropy_control.load_state_dict(checkpoint["erpo_entropy_control"])
@@ -433,7 +433,7 @@ class ERPOModule(L.LightningModule):
             for rows in updates:
                 self._optimizer_step(batch.select_rows(rows))
         self._log_train_metrics()
-        release_free_heap()  # the step's activations and gradients: see erpo_lightning/memory.py
+        release_free_heap()  # the step's activations and gradients: see erpo_lightning/common/memory.py
 
     def _log_train_metrics(self) -> None:
         """Log the step's `train/` metrics; one logged before but not updated in this step (the loss of a skipped

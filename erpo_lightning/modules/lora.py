@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from erpo_lightning.setting_rules import Rule, check_rules
+from erpo_lightning.common.setting_rules import Rule, check_rules
 
 LORA_INSTALL_HINT = (
     "model.peft needs the peft library: pip install -e '.[lora]' from the repository root (or pip install peft)"

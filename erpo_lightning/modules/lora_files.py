@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.modules.lora import LoraSettings, adapted_layer_names
 
 ADAPTER_CONFIG = "adapter_config.json"

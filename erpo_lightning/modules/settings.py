@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from erpo_lightning.common.setting_rules import Rule, check_rules
 from erpo_lightning.modules.lora import (
     check_lora_settings,
     check_lora_targets_before_loading,
@@ -17,8 +18,7 @@ from erpo_lightning.modules.lora import (
     require_peft,
 )
 from erpo_lightning.modules.optim import NonFiniteGuard, check_optimizer_settings
-from erpo_lightning.output_layer import fused_output_problem
-from erpo_lightning.setting_rules import Rule, check_rules
+from erpo_lightning.scoring.output_layer import fused_output_problem
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 QueryKLScoring = Literal["exact", "shared_prompt", "shared_forward"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torchmetrics import MaxMetric, MinMetric
 
+from erpo_lightning.modules.training_metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.objectives import LossSettings, LossStats, QueryDrift
-from erpo_lightning.training_metrics import MaskedMean, PolicyKL, QueryKL
 from erpo_lightning.update import LossRows, StepStats
 
 TRAIN_METRICS = (

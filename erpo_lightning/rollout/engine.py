@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from erpo_lightning.setting_rules import Rule
+from erpo_lightning.common.setting_rules import Rule
 
 FinishReason = Literal["stop", "length"]
 # The one range rule of a sampling temperature, for every setting that holds one (rollout, sweep, SamplingSettings).

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from erpo_lightning.gguf import resolve_model_path
-from erpo_lightning.merged_weights import base_model_items, lora_layers
 from erpo_lightning.rollout.engine import Sample, SamplingSettings, derive_seed
+from erpo_lightning.weights.gguf import resolve_model_path
+from erpo_lightning.weights.merged import base_model_items, lora_layers
 
 # vLLM's CPU build takes the KV cache size in bytes: its `gpu_memory_utilization` is a share of the NUMA node's
 # RAM minus what the process already holds, which fails easily beside a training process.
@@ -66,7 +66,7 @@ def _explain_build_error(error: Exception) -> RuntimeError | None:
 
 def stream_full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every entry of the module's state dict, gathering sharded (DTensor) entries one at a time;
-    a LoRA policy's adapted layers come merged under the base model's names (`merged_weights.base_model_items`), so
+    a LoRA policy's adapted layers come merged under the base model's names (`weights.merged.base_model_items`), so
     the engine loads plain weights and needs no LoRA support.
 
     Under FSDP2 every rank must consume the iterator in the same order: `full_tensor()` is a collective.

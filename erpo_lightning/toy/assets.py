@@ -26,11 +26,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from erpo_lightning.file_hashes import cache_home
+from erpo_lightning.common.file_hashes import cache_home
 from erpo_lightning.rewards import MathReward
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
 from erpo_lightning.toy.pretrain import MAX_NEW_TOKENS, PretrainConfig, pretrain, sample_correct
 from erpo_lightning.toy.task import NUM_PROBLEMS, TOY_TEMPLATE_SUFFIX, make_problems
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 TOY_NAME = "toy-arith-v1"
 MANIFEST = "manifest.json"

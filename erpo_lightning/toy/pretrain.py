@@ -18,8 +18,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from erpo_lightning.data.templates import tokenize_prompts
 from erpo_lightning.rewards import MathReward
 from erpo_lightning.rollout.engine import left_pad
-from erpo_lightning.tiny_qwen2 import build_tiny_qwen2
 from erpo_lightning.toy.task import toy_template
+from erpo_lightning.toy.tiny_qwen2 import build_tiny_qwen2
 
 IGNORE_INDEX = -100
 # The longest solution (35 characters) plus its eos, plus slack: also the rollout length to configure.

@@ -2,7 +2,7 @@
 their per-step weights w(q) (`step_query_weights`, shared by ERPOModule and the TRL integration).
 
 The default way `ERPOModule` computes Query-KL (`query_kl_scoring: exact`). The queries are scored in the blocks the
-cache was built in (`data.query_scoring`), so at θ0 each query token's log-ratio is exactly 0 in any precision and
+cache was built in (`scoring.queries`), so at θ0 each query token's log-ratio is exactly 0 in any precision and
 the regulariser sees only real drift: no tolerance is needed. It costs one more forward (and, when Query-KL is
 optimised, backward) over the step's unique prompts, about Q·W tokens for Q queries padded to width W.
 """
@@ -15,8 +15,8 @@ import torch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
-from erpo_lightning.logprobs import sequence_logprobs
+from erpo_lightning.scoring.logprobs import sequence_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout, score_block
 
 # A scoring block's forward: (policy, the block's queries' token ids, layout) -> one [L_q] log-prob row per query.
 BlockScore = Callable[[torch.nn.Module, list[list[int]], QueryScoringLayout], list[torch.Tensor]]
@@ -66,7 +66,7 @@ def exact_query_kl(
             None: the shares are summed, with their graph, into the returned term (a trainer that runs backward).
         most_blocks: this rank's block count in, the largest over ranks out.
         constant: Dr. GRPO's normaliser, when the PG loss uses `seq_sum_constant`.
-        score: the block's forward (`data.query_scoring.score_block`'s contract; `shared_prompt.PromptPass` keeps
+        score: the block's forward (`scoring.queries.score_block`'s contract; `shared_prompt.PromptPass` keeps
             its keys and values too). It runs with grad only when Query-KL is optimised, unless it enables grad.
     Returns:
         α · the Query-KL term on this rank's queries (detached when `backward` is given), and their drift

@@ -47,8 +47,8 @@ except ImportError:  # transformers before the per-layer checkpointing class
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.data.query_scoring import QueryScoringLayout, forward_block
-from erpo_lightning.output_layer import output_layer_bypassed
+from erpo_lightning.scoring.output_layer import output_layer_bypassed
+from erpo_lightning.scoring.queries import QueryScoringLayout, forward_block
 from erpo_lightning.update.query_pass import exact_query_kl
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def _cache_kept_under_checkpointing(policy: torch.nn.Module) -> Iterator[None]:
 
 
 class _OnCache:
-    """`policy` as `data.query_scoring.forward_block` calls it, with every call made on `cache`: the prompt forward
+    """`policy` as `scoring.queries.forward_block` calls it, with every call made on `cache`: the prompt forward
     then runs in the scoring layout's exact shape (`use_cache` off, so no cache of the model's own is made)."""
 
     def __init__(self, policy: torch.nn.Module, cache: PrefixCache) -> None:

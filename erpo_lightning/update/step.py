@@ -18,13 +18,13 @@ import torch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.logprobs import (
+from erpo_lightning.rollout.batch import RolloutBatch
+from erpo_lightning.scoring.logprobs import (
     causal_lm_window,
     prompt_response_logprobs_and_entropy,
     response_logprobs,
     response_window,
 )
-from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.update.shared_prompt import prompt_pass
 

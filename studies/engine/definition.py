@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from erpo_lightning.algorithms import ALGORITHMS
+from erpo_lightning.objectives.algorithms import ALGORITHMS
 from studies.engine.claims import BASE_ARM, Claim
 from studies.engine.report import RunRecord
 
@@ -139,9 +139,10 @@ class Study:
         return self.quick if quick else self.full
 
     def check(self) -> None:
-        """Refuse, before any run, an arm whose `--model.algorithm` is not a preset of erpo_lightning.algorithms,
-        a default arm that is not an arm, or a claim (or gate) naming an arm the study does not define (the base
-        model, BASE_ARM, is every study's; `derived_arms` are the study's too, but not as default arms)."""
+        """Refuse, before any run, an arm whose `--model.algorithm` is not a preset of
+        erpo_lightning.objectives.algorithms, a default arm that is not an arm, or a claim (or gate) naming an arm the
+        study does not define (the base model, BASE_ARM, is every study's; `derived_arms` are the study's too, but not
+        as default arms)."""
         check_arms(self.arms)
         named = {arm for claim in self.claims for arm in (claim.method, claim.baseline)}
         named |= {arm for claim in self.claims for gate in claim.gates for arm in gate.arms()}
@@ -155,8 +156,8 @@ class Study:
 
 
 def check_arms(arms: dict[str, list[str]]) -> None:
-    """Refuse an arm whose `--model.algorithm` is not a preset of erpo_lightning.algorithms (the flag defaults to
-    the base config's algorithm, taken to be `erpo`)."""
+    """Refuse an arm whose `--model.algorithm` is not a preset of erpo_lightning.objectives.algorithms (the flag
+    defaults to the base config's algorithm, taken to be `erpo`)."""
     for label, flags in arms.items():
         algorithm = flags[flags.index("--model.algorithm") + 1] if "--model.algorithm" in flags else "erpo"
         if algorithm not in ALGORITHMS:

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from erpo_lightning.algorithms import resolve_algorithm
+from erpo_lightning.objectives.algorithms import resolve_algorithm
 from studies.engine.claims import BASE_ARM
 
 FINAL_WINDOW = 10  # "final" training metrics: the mean over the last this many logged steps

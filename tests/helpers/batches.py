@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 from torch.utils.data import DataLoader
 
-from erpo_lightning.algorithms import Algorithm
+from erpo_lightning.objectives.algorithms import Algorithm
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch, assemble_batch
 from erpo_lightning.rollout.engine import Sample
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from erpo_lightning.cli import main
-from erpo_lightning.errors import DEBUG_HINT
+from erpo_lightning.cli.command import main
+from erpo_lightning.common.errors import DEBUG_HINT
 from helpers.fit_configs import fit_config, write_config
 
 

@@ -4,9 +4,9 @@ forwards of the initial model, and one fit on that batch."""
 import lightning as L
 import torch
 
-from erpo_lightning.data.query_scoring import QueryScoringLayout
-from erpo_lightning.logprobs import gather_token_logprobs
 from erpo_lightning.modules.erpo_module import ERPOModule
+from erpo_lightning.scoring.logprobs import gather_token_logprobs
+from erpo_lightning.scoring.queries import QueryScoringLayout
 from helpers.batches import carrying_scores, make_rollout, rollout_loader
 
 PAD = 256

@@ -7,9 +7,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from erpo_lightning.data.sampler import QueryBatchSampler
-from erpo_lightning.logprobs import sequence_logprobs
 from erpo_lightning.rollout.batch import QueryBatch, RolloutBatch
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
+from erpo_lightning.scoring.logprobs import sequence_logprobs
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
 
 
 class ParityReward:

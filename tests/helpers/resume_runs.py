@@ -7,8 +7,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
-from erpo_lightning.checkpointing import AtomicCheckpointIO
-from erpo_lightning.cli import ERPOLightningTrainer, main
+from erpo_lightning.checkpoints.files import AtomicCheckpointIO
+from erpo_lightning.cli.command import ERPOLightningTrainer, main
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine

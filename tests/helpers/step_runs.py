@@ -6,7 +6,7 @@ from dataclasses import replace
 import torch
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.data.query_scoring import QueryScoringLayout, score_block
+from erpo_lightning.scoring.queries import QueryScoringLayout, score_block
 from erpo_lightning.update import accumulate_gradients, micro_batches, rollout_loss_rows, step_normalizers
 from helpers.batches import carrying_scores
 from helpers.module_steps import ReferenceLogprobs, rollout_batch

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from erpo_lightning.tiny_qwen2 import build_byte_tokenizer
+from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 requires_trl = pytest.mark.skipif(
     importlib.util.find_spec("trl") is None, reason="TRL is not installed (bench-only extra: pip install -e '.[trl]')"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from helpers.recomputed import assert_recomputes
 
-from erpo_lightning.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
+from erpo_lightning.objectives.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
 from studies.brake import pilot
 from studies.brake.study import (
     ARMS,
@@ -220,7 +220,7 @@ def test_every_arm_parses_with_the_real_erpo_parser(tmp_path):
 import contextlib, io, json, sys
 from pathlib import Path
 import yaml
-from erpo_lightning.cli import main
+from erpo_lightning.cli.command import main
 from studies.brake.study import BRAKE
 from studies.engine.runs import base_sweep, callback_config, fit_command
 out = Path(sys.argv[1])

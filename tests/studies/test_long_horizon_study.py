@@ -126,7 +126,7 @@ def test_every_arm_of_every_regime_parses_with_the_real_erpo_parser(tmp_path):
 import contextlib, io, json, sys
 from pathlib import Path
 import yaml
-from erpo_lightning.cli import main
+from erpo_lightning.cli.command import main
 from studies.engine.runs import base_sweep, callback_config, fit_command
 from studies.long_horizon.study import FULL, PILOT_REGIMES, long_horizon_study
 out = Path(sys.argv[1])

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from helpers.quickstart import copy_quickstart_inputs
 
-from erpo_lightning.algorithms import ALGORITHMS
+from erpo_lightning.objectives.algorithms import ALGORITHMS
 from erpo_lightning.toy import verify_shipped
 from studies.engine.claims import Claim, KOfN, confirm, evaluate
 from studies.engine.compare import main as compare_main

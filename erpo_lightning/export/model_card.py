@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from erpo_lightning.algorithms import Algorithm, resolve_algorithm
+from erpo_lightning.checkpoints.resume_config import CONFIG_KEY
 from erpo_lightning.evaluation.sweep_metrics import ALL, HIGH, LOW, MEAN, STATS, metric_name
-from erpo_lightning.resume_config import CONFIG_KEY
+from erpo_lightning.objectives.algorithms import Algorithm, resolve_algorithm
 
 CARD_NAME = "README.md"
 METRICS_FILE = "metrics.csv"  # what Lightning's CSVLogger writes in its version folder

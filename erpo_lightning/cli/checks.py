@@ -16,18 +16,18 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse._util import import_object
 
-from erpo_lightning.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.callbacks.rollout import check_rollout_settings
-from erpo_lightning.checkpointing import read_checkpoint
+from erpo_lightning.checkpoints.files import read_checkpoint
+from erpo_lightning.checkpoints.resume_config import check_checkpoint_model
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.data.datamodule import check_data_settings
 from erpo_lightning.data.step_memory import check_fit_memory
-from erpo_lightning.errors import SettingsError
 from erpo_lightning.evaluation import SweepConfig
-from erpo_lightning.gguf import is_gguf, resolve_model_path
 from erpo_lightning.modules.lora import adapter_parameters_before_loading
 from erpo_lightning.modules.settings import check_module_settings, check_scoring_cache_engine, check_trainer_precision
 from erpo_lightning.objectives import check_group_size
-from erpo_lightning.resume_config import check_checkpoint_model
+from erpo_lightning.objectives.algorithms import Algorithm, resolve_algorithm
+from erpo_lightning.weights.gguf import is_gguf, resolve_model_path
 
 # Lists of dataclasses that jsonargparse would merge item by item with the config file's list; on the command line
 # they replace it instead (each such flag is preceded by `<flag>=[]`).

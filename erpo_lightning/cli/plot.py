@@ -18,7 +18,7 @@ import math
 import os
 from pathlib import Path
 
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.common.errors import SettingsError
 
 # (metric column, panel title, y-axis label)
 PANELS: tuple[tuple[str, str, str], ...] = (

@@ -11,7 +11,7 @@ module's hyper-parameters: `model_path`, `dtype`, `trust_remote_code`); the arch
 config come from that initial model, the weights from the checkpoint. `--model_path` points elsewhere when the
 initial model has moved since training (the weights must still fit it).
 
-A LoRA run's checkpoint (`model.peft`) is written merged (W + scale·B·A per adapted layer, `merged_weights`): a plain
+A LoRA run's checkpoint (`model.peft`) is written merged (W + scale·B·A per adapted layer, `weights.merged`): a plain
 model that transformers and vLLM load without peft. `--adapter_out` also writes the adapter alone in peft's format
 (`adapter_config.json`, `adapter_model.safetensors`: `PeftModel.from_pretrained(base, ADAPTER_DIR)`); its
 `base_model_name_or_path` is the initial model's absolute path (or its Hub id), wherever the export ran from. A
@@ -34,10 +34,10 @@ After writing, the folder is read back (config.json, and safetensors whose tenso
 dict) before the export counts as done; the message names the global step the checkpoint holds. A write that fails
 (a full disk) is one line naming the folder and the cause, and a folder the export created is removed, not left
 half-written. A checkpoint file that cannot be read (empty, cut short, not a checkpoint) is named with what is wrong
-(`checkpointing.read_checkpoint`). A model whose config ties the LM head to the input embeddings but whose
+(`checkpoints.files.read_checkpoint`). A model whose config ties the LM head to the input embeddings but whose
 trained head differs from them (LoRA on the head, from a checkpoint older than the refusal in modules/lora.py) is
 written untied: `tie_word_embeddings: false` in config.json and `lm_head.weight` in the weights
-(`merged_weights.tied_head_state`), so that no loader silently swaps the trained head for the embeddings.
+(`weights.merged.tied_head_state`), so that no loader silently swaps the trained head for the embeddings.
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ from typing import Any
 
 import torch
 
-from erpo_lightning.checkpointing import read_checkpoint
-from erpo_lightning.errors import SettingsError
-from erpo_lightning.gguf import share_like_other_files
-from erpo_lightning.merged_weights import base_model_state_dict, embedding_weight_names, tied_head_state
-from erpo_lightning.model_card import CARD_NAME, model_card
+from erpo_lightning.checkpoints.files import read_checkpoint
+from erpo_lightning.checkpoints.resume_config import CONFIG_KEY
+from erpo_lightning.common.errors import SettingsError
+from erpo_lightning.export.model_card import CARD_NAME, model_card
 from erpo_lightning.modules.lora import lora_config, lora_settings
-from erpo_lightning.resume_config import CONFIG_KEY
+from erpo_lightning.weights.gguf import share_like_other_files
+from erpo_lightning.weights.merged import base_model_state_dict, embedding_weight_names, tied_head_state
 
 
 class ExportError(ValueError):
@@ -281,7 +281,7 @@ def check_exported_folder(
     the files. Only the files' headers are read.
 
     Args:
-        embeddings: the (input embedding, LM head) weight names (`merged_weights.embedding_weight_names`): a config
+        embeddings: the (input embedding, LM head) weight names (`weights.merged.embedding_weight_names`): a config
             that ties them must not come with both in the files (a loader would keep one and drop the other).
         trust_remote_code: needed to read the config of a model with code of its own.
     """

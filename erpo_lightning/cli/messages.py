@@ -139,10 +139,10 @@ def owner_refusal(field: str, given: str) -> str | None:
     `rollout.` or `data.` settings: `check_module_settings`, `algorithms.Algorithm`, `check_rollout_settings`,
     `check_data_settings`), which names the field and its allowed values; None when `given` is no float or the
     owner takes it."""
-    from erpo_lightning.algorithms import Algorithm
     from erpo_lightning.callbacks.rollout import check_rollout_settings
     from erpo_lightning.data.datamodule import check_data_settings
     from erpo_lightning.modules.settings import check_module_settings
+    from erpo_lightning.objectives.algorithms import Algorithm
 
     group, _, name = field.partition(".")
     try:

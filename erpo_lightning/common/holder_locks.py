@@ -1,5 +1,5 @@
 """Exclusive `flock`s on small files that name their holder (pid and host), shared by the run-folder lock
-(`checkpointing.RunDirectoryLock`) and the reference cache's build lock (`data.cache.lock_cache_build`).
+(`checkpoints.files.RunDirectoryLock`) and the reference cache's build lock (`data.cache.lock_cache_build`).
 
 The kernel drops a lock when its process ends, however it ends; the file's text only names the last holder for the
 refusal message.

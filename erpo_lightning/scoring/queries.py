@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from erpo_lightning.logprobs import causal_lm_output, gather_token_logprobs
+from erpo_lightning.scoring.logprobs import causal_lm_output, gather_token_logprobs
 
 
 @dataclass(frozen=True)

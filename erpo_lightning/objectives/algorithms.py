@@ -239,7 +239,7 @@ def resolve_algorithm(name: str, **overrides: Any) -> Algorithm:
 
 
 # ----------------------------------------------------------------------------- the fields' documentation, written once
-REFERENCE_COMMAND = "python -m erpo_lightning.algorithms > docs/loss_settings.md"
+REFERENCE_COMMAND = "python -m erpo_lightning.objectives.algorithms > docs/loss_settings.md"
 _ENTRY = re.compile(r"^    (\w+): (.*)$")  # an `Attributes:` entry of a docstring after `inspect.cleandoc`
 
 

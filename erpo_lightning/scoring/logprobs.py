@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from erpo_lightning.output_layer import output_layer_bypassed
+from erpo_lightning.scoring.output_layer import output_layer_bypassed
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

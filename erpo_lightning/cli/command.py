@@ -1,6 +1,6 @@
 """`erpo`: the command line (a LightningCLI), with the subcommands fit, validate and cache, plus `erpo export`
-(`erpo_lightning.export`: a checkpoint as a Hugging Face folder) and `erpo plot` (`erpo_lightning.plot`: a run's
-curves from its metrics.csv).
+(`erpo_lightning.export.hf_model`: a checkpoint as a Hugging Face folder) and `erpo plot`
+(`erpo_lightning.cli.plot`: a run's curves from its metrics.csv).
 
     erpo fit --config configs/quickstart.yaml
     erpo cache --config configs/erpo_qwen2.5_math_7b.yaml      # compute the reference score cache only
@@ -12,7 +12,7 @@ engine, reward, group size, sampling). `model.model_path` also sets `data.model_
 `model.optimizer` and `model.lr_scheduler` (`class_path` + `init_args`; unset = AdamW with `model.learning_rate` and a
 linear warm-up of `model.warmup_steps`; see `erpo_lightning/modules/optim.py` for which setting wins).
 
-Settings are checked before anything is loaded (`cli_checks.check_settings`, which runs the owners' own checks, the
+Settings are checked before anything is loaded (`cli.checks.check_settings`, which runs the owners' own checks, the
 ones their constructors run): a value outside its range, a misspelt top-level key, a key given twice in a config file
 (YAML would keep the last), a model path without a model or a checkpoint that is not there is a one-line error naming
 the field. The CLI also wires the components together: a
@@ -20,17 +20,17 @@ the field. The CLI also wires the components together: a
 `data:` group's `prompt_format()`.
 A list given on the command line (`--data.train "[{path: x.jsonl}]"`) replaces the config file's list.
 Errors print as one line plus a hint, parse errors (a choice typo) included; `ERPO_DEBUG=1` or `--debug` shows the
-traceback (`erpo_lightning.errors`).
+traceback (`erpo_lightning.common.errors`).
 
 Flags must be written in full (no argparse prefixes); a misspelt flag or `class_path` option is named with the
 closest valid one. A logger that sets no `save_dir` writes under `trainer.default_root_dir`
-(`cli_checks.place_loggers_under_root_dir`), so that one flag moves a run's logs and checkpoints.
+(`cli.checks.place_loggers_under_root_dir`), so that one flag moves a run's logs and checkpoints.
 
-`fit` also: resolves `--ckpt_path last / last_or_none` (`checkpointing.resolve_resume_path`); refuses a resume whose
+`fit` also: resolves `--ckpt_path last / last_or_none` (`checkpoints.files.resolve_resume_path`); refuses a resume whose
 settings differ from the checkpoint's run except `resume_config.RESUMABLE_FIELDS` (each checkpoint holds its run's
 config); refuses a fresh run in a checkpoint folder that holds an earlier run's checkpoints
-(`checkpointing.check_fresh_run_folders`); locks the run's folders against a second run
-(`checkpointing.RunDirectoryLock`); and, through the trainer's `PreemptionCheckpoint`, saves the last finished step
+(`checkpoints.files.check_fresh_run_folders`); locks the run's folders against a second run
+(`checkpoints.files.RunDirectoryLock`); and, through the trainer's `PreemptionCheckpoint`, saves the last finished step
 on SIGTERM / SIGUSR1 and exits 128 + the signal (Ctrl-C: 130).
 `validate` refuses a checkpoint trained from another `model.model_path`.
 """
@@ -51,7 +51,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 def report_outside_environment(error: ModuleNotFoundError) -> None:
     """Exit with one line when `erpo` runs in a Python that lacks the project's dependencies (outside `.venv`): the
     import traceback says which module, not what to do. Imported as a library, the error is raised as it is."""
-    running_cli = __name__ == "__main__" or Path(sys.argv[0]).name == "erpo"
+    launched = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)  # python -m
+    running_cli = Path(sys.argv[0]).name == "erpo" or launched == "erpo_lightning.cli.__main__"
     if not running_cli or (error.name or "").startswith("erpo_lightning"):
         raise error
     print(
@@ -83,7 +84,7 @@ try:
     )
     from erpo_lightning.callbacks.rollout import RolloutCallback  # noqa: E402
     from erpo_lightning.callbacks.temperature_sweep import TemperatureSweepCallback  # noqa: E402
-    from erpo_lightning.checkpointing import (  # noqa: E402
+    from erpo_lightning.checkpoints.files import (  # noqa: E402
         AtomicCheckpointIO,
         RunDirectoryLock,
         check_fresh_run_folders,
@@ -91,7 +92,8 @@ try:
         resolve_resume_path,
         run_folders,
     )
-    from erpo_lightning.cli_checks import (  # noqa: E402
+    from erpo_lightning.checkpoints.resume_config import RunConfigRecorder, check_resume_config  # noqa: E402
+    from erpo_lightning.cli.checks import (  # noqa: E402
         check_logger_flags,
         check_moved_keys,
         check_repeated_keys,
@@ -105,7 +107,7 @@ try:
         replacing_lists,
         use_converted_gguf,
     )
-    from erpo_lightning.cli_messages import (  # noqa: E402
+    from erpo_lightning.cli.messages import (  # noqa: E402
         non_number_line,
         option_strings,
         unknown_flag_line,
@@ -114,19 +116,18 @@ try:
         unknown_subcommand_key_line,
         with_newcomer_hint,
     )
-    from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
-    from erpo_lightning.data.prepare import carried_columns  # noqa: E402
-    from erpo_lightning.data.sources import parser_unknown_key_line, resolve_spec  # noqa: E402
-    from erpo_lightning.errors import (  # noqa: E402
+    from erpo_lightning.common.errors import (  # noqa: E402
         SettingsError,
         debug_requested,
         parser_error_line,
         quiet_known_warnings,
         run_reporting_errors,
     )
+    from erpo_lightning.data import QueryDataModule, build_or_load_cache  # noqa: E402
+    from erpo_lightning.data.prepare import carried_columns  # noqa: E402
+    from erpo_lightning.data.sources import parser_unknown_key_line, resolve_spec  # noqa: E402
     from erpo_lightning.evaluation import Sweep, SweepConfig, run_validate  # noqa: E402
     from erpo_lightning.modules.erpo_module import ERPOModule  # noqa: E402
-    from erpo_lightning.resume_config import RunConfigRecorder, check_resume_config  # noqa: E402
     from erpo_lightning.rewards.combined import check_reward_inputs  # noqa: E402
     from erpo_lightning.rollout.sampler import RolloutSampler  # noqa: E402
 except ModuleNotFoundError as missing:
@@ -376,12 +377,12 @@ def main(args: list[str] | None = None) -> None:
     debug, args = debug_requested(list(sys.argv[1:] if args is None else args))
     quiet_known_warnings()
     if args[:1] == ["export"]:  # a checkpoint to a Hugging Face folder: no trainer, model or data to configure
-        from erpo_lightning.export import main as export
+        from erpo_lightning.export.hf_model import main as export
 
         run_reporting_errors(lambda: export(args[1:]), debug)
         return
     if args[:1] == ["plot"]:  # a run's curves from its metrics.csv
-        from erpo_lightning.plot import main as plot
+        from erpo_lightning.cli.plot import main as plot
 
         run_reporting_errors(lambda: plot(args[1:]), debug)
         return
@@ -400,7 +401,3 @@ def main(args: list[str] | None = None) -> None:
         ),
         debug,
     )
-
-
-if __name__ == "__main__":
-    main()

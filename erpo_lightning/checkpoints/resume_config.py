@@ -17,9 +17,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from erpo_lightning.algorithms import Algorithm, resolve_algorithm
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.modules.lora_files import check_adapters_base
+from erpo_lightning.objectives.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.rewards import MathReward
 
 CONFIG_KEY = "erpo_config"  # the checkpoint entry holding the run's full `erpo fit` config

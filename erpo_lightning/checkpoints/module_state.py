@@ -2,11 +2,11 @@
 
 `save_module_state` runs in `on_save_checkpoint`: it keeps only the LoRA adapters' weights when
 `model.peft.checkpoint` is `adapters`, refuses (ValueError naming the weight) a checkpoint with a NaN or infinite
-weight, records the sha256 of every tensor of the state dict (`checkpointing.DIGEST_KEY`; not for FSDP2's sharded
+weight, records the sha256 of every tensor of the state dict (`checkpoints.files.DIGEST_KEY`; not for FSDP2's sharded
 state dicts), and adds the `erpo` entry: the optimizer-step counters, the non-finite guard's counts and every RNG
 state, so a resumed run continues where it stopped, and where the run logs (`logged_run`: its CSV logger's folder,
 which the model card checks a metrics.csv against). `load_module_state` runs in `on_load_checkpoint`: it refuses a
-checkpoint whose tensors no longer hash as recorded (`checkpointing.check_tensor_digest`, naming the file and the
+checkpoint whose tensors no longer hash as recorded (`checkpoints.files.check_tensor_digest`, naming the file and the
 tensor) before any weight is loaded, and undoes the rest.
 """
 
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from erpo_lightning.checkpointing import add_tensor_digest, check_tensor_digest
+from erpo_lightning.checkpoints.files import add_tensor_digest, check_tensor_digest
+from erpo_lightning.checkpoints.rng import rng_state, set_rng_state
 from erpo_lightning.modules.lora_files import (
     check_adapters_base,
     fill_frozen_weights,
     keep_adapters_only,
     trainable_state_names,
 )
-from erpo_lightning.rng import rng_state, set_rng_state
 
 LOGGED_RUN_KEY = "logged_run"  # in the checkpoint's `erpo` entry: `logged_run`
 

@@ -29,8 +29,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from erpo_lightning import holder_locks
-from erpo_lightning.errors import SettingsError
+from erpo_lightning.common import holder_locks
+from erpo_lightning.common.errors import SettingsError
 
 PARTIAL_SUFFIX = ".partial"  # not `.ckpt`: Lightning's search for `last*.ckpt` never picks one
 
@@ -394,7 +394,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 DIGEST_KEY = "erpo_tensor_digest"
 DIGEST_ADVICE = (
     "if its weights were changed on purpose (a script that edits a checkpoint), record their new digest with "
-    "erpo_lightning.checkpointing.add_tensor_digest(checkpoint) before torch.save"
+    "erpo_lightning.checkpoints.files.add_tensor_digest(checkpoint) before torch.save"
 )
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from erpo_lightning.file_hashes import cache_home, cached_file_sha256
+from erpo_lightning.common.file_hashes import cache_home, cached_file_sha256
 
 GGUF_SUFFIX = ".gguf"
 # Written last into a converted directory: its presence means the conversion finished.

@@ -1,0 +1,1 @@
+"""The LightningModule: `ERPOModule`, its settings, optimizer, metrics, sharding, collectives and LoRA adapters."""
