@@ -25,8 +25,8 @@ from erpo_lightning.checkpoints.files import (
     check_tensor_digest,
     read_checkpoint,
 )
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.common.errors import DEBUG_HINT
-from erpo_lightning.evaluation.validate import load_policy_weights
 from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*:UserWarning")

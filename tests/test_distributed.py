@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from helpers.fit_configs import ERPO, csv_logger, fit_config, write_config
 from helpers.scaleout import assert_same_run, run_command, train
 from transformers import AutoModelForCausalLM
 
-from erpo_lightning.evaluation.validate import load_policy_weights
-from erpo_lightning.modules.sharding import export_hf_checkpoint
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
+from erpo_lightning.export.hf_model import export_checkpoint
 from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
@@ -89,7 +88,7 @@ def test_resume_from_fsdp2_checkpoint_continues_identically(erpo_runs):
 
 
 def test_export_hugging_face_directory_from_shards(erpo_runs, model_dir, tmp_path):
-    exported = export_hf_checkpoint(erpo_runs["checkpoints"] / "epoch=2.ckpt", str(model_dir), tmp_path / "hf")
+    exported = export_checkpoint(erpo_runs["checkpoints"] / "epoch=2.ckpt", tmp_path / "hf", str(model_dir))
     state = AutoModelForCausalLM.from_pretrained(exported).state_dict()
     assert state.keys() == erpo_runs["fsdp"]["weights"].keys()
     for name, tensor in erpo_runs["fsdp"]["weights"].items():
@@ -131,7 +130,7 @@ def test_global_baseline_weights_and_reference_model_equal_one_process(
 
 def test_erpo_fit_under_fsdp2_then_export(tmp_path, tiny_model_path, benchmarks_dir):
     """`erpo fit` as a user runs it on 2 processes: FSDP2, HF generate with synced_gpus, a sharded checkpoint that
-    `python -m erpo_lightning.modules.sharding` exports to a directory transformers loads."""
+    `erpo export` exports to a directory transformers loads."""
     strategy = {
         "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
         "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
@@ -154,6 +153,5 @@ def test_erpo_fit_under_fsdp2_then_export(tmp_path, tiny_model_path, benchmarks_
     assert len(query_kl) == 2 and query_kl[0] == 0.0
     checkpoint = next((tmp_path / "run").rglob("*.ckpt"))
     assert checkpoint.is_dir() and (checkpoint / "__1_0.distcp").is_file()
-    command = [sys.executable, "-m", "erpo_lightning.modules.sharding", str(checkpoint), str(tiny_model_path)]
-    run_command([*command, str(tmp_path / "hf")])
+    run_command([ERPO, "export", "--ckpt_path", str(checkpoint), "--out", str(tmp_path / "hf")], env=env)
     AutoModelForCausalLM.from_pretrained(tmp_path / "hf")

@@ -18,8 +18,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.checkpoints.files import CheckpointReadError, read_checkpoint
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.cli.command import ERPOLightningTrainer
-from erpo_lightning.evaluation.validate import load_policy_weights
 from erpo_lightning.export.hf_model import checkpoint_model_settings
 from erpo_lightning.toy import SHIPPED_DIR
 

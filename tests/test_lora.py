@@ -24,7 +24,7 @@ from helpers.trl_setup import make_trainer, requires_trl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from erpo_lightning.callbacks.export import export_policy
-from erpo_lightning.evaluation.validate import load_policy_weights
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings, check_lora_settings
 from erpo_lightning.rollout.vllm_engine import stream_full_tensors

@@ -23,10 +23,10 @@ from helpers.resume_runs import resumed_equals_full_run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.checkpoints.resume_config import check_checkpoint_model, check_resume_config
 from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.data.fingerprint import weights_hash
-from erpo_lightning.evaluation.validate import load_policy_weights
 from erpo_lightning.export.hf_model import export_checkpoint
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings, lora_config

@@ -19,8 +19,8 @@ import yaml
 from helpers.cli_runs import fails_in_one_line, tiny_config
 from helpers.resume_runs import run_main
 
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.common.errors import SettingsError
-from erpo_lightning.evaluation.validate import load_policy_weights
 from erpo_lightning.export.hf_model import export_checkpoint
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings

@@ -27,7 +27,7 @@ from helpers.scaleout import METRIC_TOLERANCE, SCRIPT, WEIGHT_TOLERANCE, assert_
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from erpo_lightning.evaluation.validate import load_policy_weights
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.toy import SHIPPED_DIR
 from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 

@@ -11,7 +11,7 @@ from erpo_lightning.evaluation.sweep import (
     prepare_benchmarks,
 )
 from erpo_lightning.evaluation.sweep_metrics import SweepMetric, metric_name, pass_at_k, temperature_label
-from erpo_lightning.evaluation.validate import load_policy_weights, run_validate
+from erpo_lightning.evaluation.validate import run_validate
 
 __all__ = [
     "Benchmark",
@@ -22,7 +22,6 @@ __all__ = [
     "SweepResult",
     "SweepRun",
     "SweepTiming",
-    "load_policy_weights",
     "metric_name",
     "pass_at_k",
     "plot_accuracy",

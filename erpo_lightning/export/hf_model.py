@@ -16,7 +16,7 @@ model that transformers and vLLM load without peft. `--adapter_out` also writes 
 (`adapter_config.json`, `adapter_model.safetensors`: `PeftModel.from_pretrained(base, ADAPTER_DIR)`); its
 `base_model_name_or_path` is the initial model's absolute path (or its Hub id), wherever the export ran from. A
 checkpoint of the adapters alone (`model.peft.checkpoint: adapters`) gets its base from the initial model, whose
-weight files must hash as the checkpoint records (`evaluation.validate.load_policy_weights`).
+weight files must hash as the checkpoint records (`checkpoints.policy_weights.load_policy_weights`).
 
 The folder also gets a model card, `README.md` (`model_card`): the initial model, the algorithm and its resolved loss
 settings, the global step, the run's last temperature sweep (from `--metrics`, else the sweep history the checkpoint
@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from erpo_lightning.checkpoints.files import read_checkpoint
+from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.checkpoints.resume_config import CONFIG_KEY
 from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.export.model_card import CARD_NAME, model_card
@@ -195,8 +196,6 @@ def export_checkpoint(
             (a full disk: the folders the export created are removed, `removed_if_the_write_fails`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from erpo_lightning.evaluation.validate import load_policy_weights
 
     check_output_folders(out, adapter_out)
     if metrics is not None and not Path(metrics).is_file():

@@ -279,7 +279,7 @@ class ERPOModule(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Add the module's counters and RNG states; refuse to save non-finite weights (`checkpoints/module_state.py`)."""
+        """Add the module's counters and RNG states; refuse non-finite weights (`checkpoints/module_state.py`)."""
         save_module_state(self, checkpoint)
         checkpoint["erpo_entropy_control"] = self.entropy_control.state_dict()
 

@@ -1,27 +1,17 @@
-"""FSDP2 sharding of a Hugging Face causal LM, global gradient norms, and export of sharded checkpoints.
+"""FSDP2 sharding of a Hugging Face causal LM, and global gradient norms over its shards.
 
 `ERPOModule.configure_model` calls `shard_causal_lm` under Lightning's `ModelParallelStrategy`: one `fully_shard`
 unit per decoder layer (its parameters are all-gathered just before the layer runs and freed after) plus the root
 (embeddings, final norm, LM head). The checkpoints that strategy writes are `torch.distributed.checkpoint`
-directories (one shard per rank); `load_sharded_policy` reads the policy of one into an unsharded model (what
-`erpo validate` does) and `export_hf_checkpoint` writes it as a Hugging Face model directory.
-
-    python -m erpo_lightning.modules.sharding CHECKPOINT_DIR MODEL_PATH OUTPUT_DIR
+directories (one shard per rank), which `checkpoints.policy_weights` reads and `erpo export` exports.
 """
 
 from __future__ import annotations
-
-import argparse
-import warnings
-from pathlib import Path
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-
-# Where the policy lives inside the LightningModule's state dict (`ERPOModule.policy`).
-POLICY_PREFIX = "policy."
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -83,60 +73,3 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float | None) -> to
     if max_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
     return total
-
-
-def is_sharded_checkpoint(path: str | Path) -> bool:
-    """Whether `path` is a `torch.distributed.checkpoint` directory (what ModelParallelStrategy saves)."""
-    return (Path(path) / ".metadata").is_file()
-
-
-def load_sharded_policy(policy: torch.nn.Module, checkpoint_dir: str | Path) -> None:
-    """Read the policy weights of a sharded Lightning checkpoint into `policy`, in place.
-
-    Runs in one process without a process group; `policy` is an unsharded model of the run's architecture. Every
-    policy weight must be in the checkpoint (a missing one raises); its other entries (optimizer state) are not read.
-    """
-    from torch.distributed.checkpoint import load
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    state = {POLICY_PREFIX + name: tensor for name, tensor in policy.state_dict().items()}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        try:
-            load({"state_dict": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
-        except CheckpointException as error:  # its message is a per-rank traceback dump; keep the cause
-            failure = next(iter(error.failures.values()), error)
-            cause = failure[0] if isinstance(failure, tuple) else failure
-            raise ValueError(
-                f"{checkpoint_dir}: cannot load it into this {type(policy).__name__}: {cause} Is `model.model_path` "
-                "the initial model of the run that wrote this checkpoint?"
-            ) from error
-
-
-def export_hf_checkpoint(checkpoint_dir: str | Path, model_path: str, output_dir: str | Path) -> Path:
-    """Write the policy of a distributed (sharded) Lightning checkpoint as a Hugging Face model directory.
-
-    Runs in one process without a process group. The model is built from `model_path` (the run's initial policy:
-    architecture, dtype, tokenizer), then its weights are read in place from the shards, so the host holds one copy.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    load_sharded_policy(model, checkpoint_dir)
-    output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(output_dir)
-    return output_dir
-
-
-def main(args: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Export the policy of a sharded checkpoint as a Hugging Face model.")
-    parser.add_argument("checkpoint_dir", help="a checkpoint directory written under ModelParallelStrategy")
-    parser.add_argument("model_path", help="the run's model.model_path (architecture and tokenizer)")
-    parser.add_argument("output_dir")
-    parsed = parser.parse_args(args)
-    print(export_hf_checkpoint(parsed.checkpoint_dir, parsed.model_path, parsed.output_dir))
-
-
-if __name__ == "__main__":
-    main()
