@@ -1,24 +1,62 @@
-"""Imports point up (docs/architecture.md, "Layers"): nothing below the callbacks imports callbacks/ or the CLI."""
+"""The package's imports (docs/architecture.md, "Layers"): no loop, at any depth; imports point up (only the CLI
+imports the callbacks, nothing imports the CLI); nothing of the repository's studies or benches; a root of at most
+three modules and folders that each say what they are for."""
 
+import ast
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.imports import PACKAGE, imported_modules
+from helpers.imports import PACKAGE, import_cycles, import_graph, imported_modules
 
-BELOW_CALLBACKS = ("modules", "update", "data", "rollout", "evaluation", "objectives", "rewards")
+CLI, CALLBACKS = "erpo_lightning.cli", "erpo_lightning.callbacks"  # the top two layers
 
 
-def test_no_module_below_the_callbacks_imports_callbacks_or_the_cli():
-    files = [path for layer in BELOW_CALLBACKS for path in sorted((PACKAGE / layer).rglob("*.py"))]
-    assert len(files) > 30
-    upward = {
+def test_the_package_has_no_import_loop():
+    """Every import counts: at the top of a file, inside a function, under TYPE_CHECKING."""
+    graph = import_graph()
+    assert len(graph) > 100
+    loops = [" -> ".join(loop) for loop in import_cycles(graph)]
+    assert loops == [], f"import loops: {'; '.join(loops)}"
+
+
+def test_the_loop_finder_names_a_loop_through_a_function_and_a_folder(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "inner" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.inner import b\n")
+    (package / "inner" / "b.py").write_text("def f():\n    from pkg.a import g\n")
+    (package / "c.py").write_text("from pkg import a\n")
+    assert import_cycles(import_graph(package)) == [["pkg.a", "pkg.inner.b", "pkg.a"]]
+
+
+def test_the_package_imports_no_study_or_bench():
+    found = {
         f"{path.relative_to(PACKAGE)}: {name}"
-        for path in files
+        for path in sorted(PACKAGE.rglob("*.py"))
         for name in imported_modules(path)
-        if name.startswith(("erpo_lightning.callbacks", "erpo_lightning.cli"))
+        if name.split(".")[0] in ("studies", "bench")
     }
+    assert not found, sorted(found)
+
+
+def test_only_the_cli_imports_the_callbacks_and_nothing_imports_the_cli():
+    upward = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        above = {"cli": (), "callbacks": (CLI,)}.get(path.relative_to(PACKAGE).parts[0], (CLI, CALLBACKS))
+        upward |= {f"{path.relative_to(PACKAGE)}: {name}" for name in imported_modules(path) if name.startswith(above)}
     assert not upward, sorted(upward)
+
+
+def test_the_root_holds_three_modules_at_most_and_every_folder_says_its_job():
+    assert len(list(PACKAGE.glob("*.py"))) <= 3, sorted(path.name for path in PACKAGE.glob("*.py"))
+    folders = sorted({path.parent for path in PACKAGE.rglob("*.py")} - {PACKAGE})
+    assert len(folders) >= 15
+    for folder in folders:
+        init = folder / "__init__.py"
+        docstring = ast.get_docstring(ast.parse(init.read_text())) if init.is_file() else None
+        assert docstring, f"{folder.relative_to(PACKAGE)}/ has no __init__.py opening with what the folder is for"
 
 
 WHOLE_FOLDERS = ("objectives", "rewards", "toy")  # the Layers table describes these folders, not each file

@@ -23,6 +23,7 @@ from helpers.resume_runs import resumed_equals_full_run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from erpo_lightning.checkpoints.adapters_only import ADAPTERS_ONLY_KEY
 from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.checkpoints.resume_config import check_checkpoint_model, check_resume_config
 from erpo_lightning.common.errors import SettingsError
@@ -30,7 +31,6 @@ from erpo_lightning.data.fingerprint import weights_hash
 from erpo_lightning.export.hf_model import export_checkpoint
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.lora import LoraSettings, lora_config
-from erpo_lightning.modules.lora_files import ADAPTERS_ONLY_KEY
 from erpo_lightning.toy import SHIPPED_DIR
 
 LORA = {"r": 4, "alpha": 8.0}

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import erpo_lightning.rollout.vllm_engine as vllm_engine
 from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.modules.lora import check_lora_targets_before_loading
+from erpo_lightning.modules.lora_files import check_lora_targets_before_loading
 
 VLLM_ENGINE = {
     "class_path": "erpo_lightning.rollout.VLLMEngine",

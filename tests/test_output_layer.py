@@ -14,7 +14,7 @@ from erpo_lightning.objectives.algorithms import resolve_algorithm
 from erpo_lightning.scoring.logprobs import causal_lm_window, prompt_response_logprobs_and_entropy, response_logprobs
 from erpo_lightning.scoring.output_layer import fused_output_problem
 from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
-from erpo_lightning.update.step import full_logits_forward, response_logits_forward, rollout_loss_rows
+from erpo_lightning.update.forward import full_logits_forward, response_logits_forward, rollout_loss_rows
 
 VOCAB, HIDDEN = 37, 16
 # chunk sizes in elements: one position per chunk (rows cut), 4 positions (ragged), 2 whole rows, everything at once

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import yaml
 
+from erpo_lightning.checkpoints.adapters_only import check_adapters_base, fill_frozen_weights, trainable_state_names
 from erpo_lightning.checkpoints.files import check_tensor_digest, read_checkpoint
 from erpo_lightning.common.errors import SettingsError
-from erpo_lightning.modules.lora_files import check_adapters_base, fill_frozen_weights, trainable_state_names
 
 # Where the policy lives inside the LightningModule's state dict (`ERPOModule.policy`).
 POLICY_PREFIX = "policy."
@@ -30,7 +30,7 @@ def load_policy_weights(policy: torch.nn.Module, ckpt_path: str) -> None:
     `ckpt_path` is a checkpoint file (single device, DDP) or a sharded checkpoint directory (FSDP2), read in one
     process without a process group. A file of LoRA adapters alone (`model.peft.checkpoint: adapters`) loads into the
     adapters of `policy`, whose base must be the one they were trained on: its weight files, at `policy.name_or_path`,
-    hash as the checkpoint records (`lora_files.check_adapters_base`). A file's tensors must hash as its digest
+    hash as the checkpoint records (`adapters_only.check_adapters_base`). A file's tensors must hash as its digest
     records (`files.check_tensor_digest`: CheckpointDigestError naming the file and the tensor; a file without a
     digest loads with a warning line).
     """

@@ -17,8 +17,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from erpo_lightning.checkpoints.adapters_only import check_adapters_base
 from erpo_lightning.common.errors import SettingsError
-from erpo_lightning.modules.lora_files import check_adapters_base
 from erpo_lightning.objectives.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.rewards import MathReward
 
@@ -69,7 +69,7 @@ def check_resume_config(checkpoint: dict[str, Any], config: dict[str, Any], ckpt
     A checkpoint written without the CLI has no full config: its module hyperparameters are compared with the
     fields of `model:` that this run's config holds: a hyperparameter the module no longer has (`temperature`, before
     the rollout batch carried it) is not compared. A checkpoint of LoRA adapters alone must also find the base they
-    were trained on at `model.model_path` (`lora_files.check_adapters_base`: same weight files), before it loads.
+    were trained on at `model.model_path` (`adapters_only.check_adapters_base`: same weight files), before it loads.
     """
     model_path = (config.get("model") or {}).get("model_path")
     saved = checkpoint.get(CONFIG_KEY)
@@ -194,7 +194,7 @@ def _is_math_reward(class_path: Any) -> bool:
 def check_checkpoint_model(checkpoint: dict[str, Any], model_path: str, ckpt_path: str) -> None:
     """SettingsError when `checkpoint` was trained from another initial model than `model_path` (`erpo validate`
     evaluates the checkpoint's weights in `model_path`'s architecture, with its tokenizer and template), or holds LoRA
-    adapters alone and the weight files at `model_path` are not their base's (`lora_files.check_adapters_base`)."""
+    adapters alone and the weight files at `model_path` are not their base's (`adapters_only.check_adapters_base`)."""
     trained_from = checkpoint.get("hyper_parameters", {}).get("model_path")
     if trained_from is None or trained_from == model_path or _same_path(str(trained_from), model_path):
         check_adapters_base(checkpoint, model_path, ckpt_path)

@@ -8,8 +8,8 @@ reference's per-token query log-probs and summed NLL -ℓθ0(q), from which the 
 """
 
 from erpo_lightning.data.cache import CacheCorruptError, ReferenceLogprobCache
-from erpo_lightning.data.cache_build import build_or_load_cache, load_reference_model, policy_compute_dtype
-from erpo_lightning.data.datamodule import QueryDataModule
+from erpo_lightning.data.cache_build import load_reference_model, policy_compute_dtype
+from erpo_lightning.data.datamodule import QueryDataModule, build_or_load_cache
 from erpo_lightning.data.fingerprint import CacheMismatchError
 from erpo_lightning.data.prepare import PreparedQueries, PromptFormat, prepare_queries
 from erpo_lightning.data.reference_logprobs import (

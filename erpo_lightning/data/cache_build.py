@@ -1,9 +1,9 @@
 """Building or loading a `QueryDataModule`'s reference score cache: the frozen θ0 model (or vLLM engine) that scores
 the queries, the dtype it runs in, and the checks that a cache found on disk is this run's and intact.
 
-`QueryDataModule.build_or_load_cache` and `erpo cache` (`build_or_load_cache` below) both run
-`load_or_compute_cache`; the cache's files, manifest and locks are `data/cache.py`'s, its fingerprint
-`data/fingerprint.py`'s.
+The datamodule states what it needs as a `CacheRequest` (`QueryDataModule.cache_request`: its queries, settings and
+fingerprint), and `QueryDataModule.build_or_load_cache` and `erpo cache` both run `load_or_compute_cache` on it; the
+cache's files, manifest and locks are `data/cache.py`'s, its fingerprint `data/fingerprint.py`'s.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -34,11 +34,15 @@ from erpo_lightning.data.cache import (
     write_cache,
 )
 from erpo_lightning.data.fingerprint import check_manifest, fingerprint_digest
-from erpo_lightning.data.reference_logprobs import Gather, StopOnSignals, compute_reference_logprobs, finished_chunks
+from erpo_lightning.data.reference_logprobs import (
+    Gather,
+    LogprobBatching,
+    StopOnSignals,
+    compute_reference_logprobs,
+    finished_chunks,
+)
 from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
-
-if TYPE_CHECKING:
-    from erpo_lightning.data.datamodule import QueryDataModule
+from erpo_lightning.scoring.queries import QueryScoringLayout
 
 DEFAULT_CACHE_ROOT = cache_home() / "reference"
 
@@ -47,6 +51,46 @@ DEFAULT_CACHE_ROOT = cache_home() / "reference"
 def report(message: str) -> None:
     """A one-line progress or summary message, printed once (rank 0), on stderr like the progress bar."""
     print(f"[erpo data] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class CacheRequest:
+    """What a reference score cache is loaded or computed from, and where it lives (`QueryDataModule.cache_request`).
+
+    Attributes:
+        model_path: the frozen reference θ0 (the initial policy).
+        prompt_ids: [Q] each query's prompt token ids.
+        manifest: the fingerprint a cache on disk must match (`fingerprint.build_manifest`, with the engine).
+        dtype: the reference forward's `ComputePath.name`.
+        dtype_source: what chose `dtype`, as the report names it ("data.cache_dtype", "the policy's", "the default").
+        cache_dir: the cache's folder; None: a folder named by the fingerprint under DEFAULT_CACHE_ROOT.
+        engine: "transformers" or "vllm".
+        device: the transformers forward's device; None: the strategy's root device, else CUDA if available.
+        max_prompt_length: the longest prompt in tokens (vLLM's context is one more).
+        batching: how the queries are batched and chunked (`LogprobBatching`).
+        layout: the layout the scores are served in (`QueryDataModule.scoring_layout`; None with vLLM).
+    """
+
+    model_path: str
+    prompt_ids: Sequence[Sequence[int]]
+    manifest: dict
+    dtype: str
+    dtype_source: str
+    cache_dir: str | None
+    engine: Literal["transformers", "vllm"]
+    device: str | None
+    max_prompt_length: int
+    batching: LogprobBatching
+    layout: QueryScoringLayout | None
+
+    @property
+    def digest(self) -> str:
+        """The fingerprint's digest, which names the cache's default folder and its chunks."""
+        return fingerprint_digest(self.manifest)
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else DEFAULT_CACHE_ROOT / self.digest
 
 
 def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
@@ -63,16 +107,14 @@ def distributed_context(strategy=None) -> tuple[int, int, Gather | None]:
 
 
 def load_or_compute_cache(
-    datamodule: QueryDataModule, force: bool, strategy=None, module=None, repair: bool = False
+    request: CacheRequest, force: bool, strategy=None, repair: bool = False
 ) -> ReferenceLogprobCache:
-    """Load `datamodule`'s reference score cache if it exists and matches its run; otherwise compute it and write
-    it (rank 0). `QueryDataModule.build_or_load_cache` is this, with `force` defaulting to `data.cache_force`.
+    """Load the reference score cache `request` names if it exists and matches it; otherwise compute it and write it
+    (rank 0).
 
     Args:
         force: recompute even if a cache exists.
         strategy: a Lightning strategy to shard the computation over its ranks; None computes on one process.
-        module: the LightningModule to be trained, whose compute dtype the reference forward takes
-            (`QueryDataModule.reference_dtype`); None: `cache_dtype`, else float32.
         repair: recompute a cache whose files are damaged or do not belong together (what `erpo cache` does)
             instead of raising `CacheCorruptError`.
     Raises:
@@ -80,47 +122,41 @@ def load_or_compute_cache(
         template, data or dtype (the message names the fields and how to rebuild); CacheCorruptError when its
         files are unreadable, cut short, or its scores are not its manifest's (unless `repair`).
     """
-    dtype = datamodule.reference_dtype(module, strategy)
-    manifest = datamodule.cache_manifest(dtype)
-    digest = fingerprint_digest(manifest)
-    datamodule.cache_digest = digest
-    directory = Path(datamodule.cache_dir) if datamodule.cache_dir else DEFAULT_CACHE_ROOT / digest
-    chunk_dir = directory / "partial" / f"{digest}-c{datamodule.score_settings.chunk_size}"
+    manifest, digest, directory = request.manifest, request.digest, request.directory
+    chunk_dir = directory / "partial" / f"{digest}-c{request.batching.chunk_size}"
     rank, world_size, gather = distributed_context(strategy)
     # Before the ranks meet below: no rank of this run has written anything yet.
     if removed := remove_stale_temporaries(directory):
         report(f"removed {len(removed)} temporary file(s) left in {directory} by an interrupted write")
-    cache = None if force else _load_checked(datamodule, directory, manifest, digest, repair)
+    cache = None if force else _load_checked(request, repair)
     reuse = cache is not None
     if gather is not None:  # every rank takes the same branch: computing needs all of them
         reuse = all(gather(reuse))
     if reuse:
-        report(f"loaded reference scores of {len(cache)} queries ({dtype}) from {directory}")
-        return replace(cache, layout=datamodule.scoring_layout())
+        report(f"loaded reference scores of {len(cache)} queries ({request.dtype}) from {directory}")
+        return replace(cache, layout=request.layout)
 
     check_writable(directory, chunk_dir)  # a read-only folder is refused before the model loads
     if rank == 0:  # and so is a second job building this folder's cache meanwhile (its ranks build together)
         lock_cache_build(directory)
     with StopOnSignals(chunk_dir) as stop:  # SIGTERM / SIGUSR1: finished chunks kept, nothing partial
-        model = reference_engine(datamodule, world_size, strategy, dtype)
-        policy = policy_compute_dtype(module, strategy)
-        why = "data.cache_dtype" if datamodule.cache_dtype is not None else "the policy's" if policy else "the default"
+        model = reference_engine(request, world_size, strategy)
         report(
             f"computing reference scores of {manifest['num_queries']} queries "
-            f"({manifest['num_prompt_tokens']} tokens) with {datamodule.model_path} "
-            f"({datamodule.cache_engine}, {dtype}: {why}) on {world_size} rank(s)"
+            f"({manifest['num_prompt_tokens']} tokens) with {request.model_path} "
+            f"({request.engine}, {request.dtype}: {request.dtype_source}) on {world_size} rank(s)"
         )
         if not force and (finished := finished_chunks(chunk_dir)):
-            total = -(-len(datamodule.data.prompt_ids) // datamodule.score_settings.chunk_size)
+            total = -(-len(request.prompt_ids) // request.batching.chunk_size)
             report(f"resuming an interrupted build: {finished} of {total} chunk(s) found in {chunk_dir} are read back")
         cache = compute_reference_logprobs(
             model,
-            datamodule.data.prompt_ids,
+            request.prompt_ids,
             rank,
             world_size,
             gather,
             chunk_dir=chunk_dir,
-            settings=datamodule.score_settings,
+            settings=request.batching,
             resume=not force,
         )
         del model
@@ -134,19 +170,18 @@ def load_or_compute_cache(
     return cache  # compute_reference_logprobs gave it its layout (None from vLLM)
 
 
-def _load_checked(
-    datamodule: QueryDataModule, directory: Path, manifest: dict, digest: str, repair: bool
-) -> ReferenceLogprobCache | None:
-    """The cache in `directory` if it is there, this run's, and intact; None when there is none, when it predates
+def _load_checked(request: CacheRequest, repair: bool) -> ReferenceLogprobCache | None:
+    """The cache `request` names if it is there, this run's, and intact; None when there is none, when it predates
     fingerprinted scores files, or (with `repair`) when it is damaged: the reason is reported, and it is recomputed.
     """
+    directory = request.directory
     try:
         found = read_manifest(directory)
         if found is None:
             return None
-        check_manifest(found, manifest, directory)
-        lengths = [len(ids) for ids in datamodule.data.prompt_ids]
-        return ReferenceLogprobCache.load(directory / SCORES_FILE, digest, lengths)
+        check_manifest(found, request.manifest, directory)
+        lengths = [len(ids) for ids in request.prompt_ids]
+        return ReferenceLogprobCache.load(directory / SCORES_FILE, request.digest, lengths)
     except CacheCorruptError as error:
         if not (repair or error.legacy):
             raise
@@ -154,21 +189,19 @@ def _load_checked(
         return None
 
 
-def reference_engine(datamodule: QueryDataModule, world_size: int, strategy, dtype: str):
-    """The frozen reference that scores the queries, in `dtype`: a transformers model, or a vLLM engine."""
-    if datamodule.cache_engine == "transformers":
-        device = datamodule.cache_device or (strategy.root_device if strategy is not None else None)
-        return load_reference_model(datamodule.model_path, dtype, device)
+def reference_engine(request: CacheRequest, world_size: int, strategy):
+    """The frozen reference that scores the queries, in `request.dtype`: a transformers model, or a vLLM engine."""
+    if request.engine == "transformers":
+        device = request.device or (strategy.root_device if strategy is not None else None)
+        return load_reference_model(request.model_path, request.dtype, device)
     if world_size > 1:
         raise ValueError(
             "cache_engine: vllm scores on one process; build the cache first with `erpo cache` on one device "
             "(the trainer then loads it), or use cache_engine: transformers"
         )
     # vLLM has no autocast: it runs in the dtype the matmuls would round to (only `shared_forward` reads its scores).
-    compute = ComputePath.parse(dtype)
-    return build_vllm_engine(
-        datamodule.model_path, datamodule.max_prompt_length + 1, compute.autocast or compute.weights
-    )
+    compute = ComputePath.parse(request.dtype)
+    return build_vllm_engine(request.model_path, request.max_prompt_length + 1, compute.autocast or compute.weights)
 
 
 @dataclass(frozen=True)
@@ -257,16 +290,3 @@ def load_reference_model(model_path: str, dtype: str, device: str | torch.device
     path = ComputePath.parse(dtype)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, path.weights))
     return path.apply(model.to(device).eval())
-
-
-def build_or_load_cache(
-    datamodule: QueryDataModule, force: bool = False, strategy=None, module=None
-) -> ReferenceLogprobCache:
-    """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule.
-
-    A damaged cache (unreadable, cut short, scores that are not its manifest's) is rebuilt, with the reason reported.
-    `module` (the configured LightningModule) sets the forward's dtype when `data.cache_dtype` is null.
-    """
-    cache = load_or_compute_cache(datamodule, force, strategy, module, repair=True)
-    datamodule.attach_cache(cache)
-    return cache

@@ -26,6 +26,7 @@ from erpo_lightning.common.file_hashes import cache_home
 from erpo_lightning.common.setting_rules import Rule, at_least, check_rules
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.cache_build import (
+    CacheRequest,
     load_or_compute_cache,
     load_reference_model,
     policy_compute_dtype,
@@ -390,9 +391,49 @@ class QueryDataModule(LightningDataModule):
         with the vLLM engine, whose scores no training forward reproduces exactly."""
         return self.score_settings.layout if self.cache_engine == "transformers" else None
 
+    def cache_request(self, module=None, strategy=None) -> CacheRequest:
+        """What this run's reference score cache is loaded or computed from (hashes the model's weight files).
+
+        Args:
+            module: the LightningModule to be trained, whose compute dtype the reference forward takes
+                (`reference_dtype`); None: `cache_dtype`, else float32.
+            strategy: the Lightning strategy the policy is trained under (FSDP2 may change its compute dtype).
+        """
+        dtype = self.reference_dtype(module, strategy)
+        policy = policy_compute_dtype(module, strategy)
+        source = "data.cache_dtype" if self.cache_dtype is not None else "the policy's" if policy else "the default"
+        return CacheRequest(
+            model_path=self.model_path,
+            prompt_ids=self.prepare_queries().prompt_ids,
+            manifest=self.cache_manifest(dtype),
+            dtype=dtype,
+            dtype_source=source,
+            cache_dir=self.cache_dir,
+            engine=self.cache_engine,
+            device=self.cache_device,
+            max_prompt_length=self.max_prompt_length,
+            batching=self.score_settings,
+            layout=self.scoring_layout(),
+        )
+
     def build_or_load_cache(
         self, force: bool | None = None, strategy=None, module=None, repair: bool = False
     ) -> ReferenceLogprobCache:
         """Load the cache if it exists and matches this run; otherwise compute it and write it (rank 0):
-        `cache_build.load_or_compute_cache`, whose arguments these are (`force` None: `cache_force`)."""
-        return load_or_compute_cache(self, self.cache_force if force is None else force, strategy, module, repair)
+        `cache_build.load_or_compute_cache` on `cache_request(module, strategy)` (`force` None: `cache_force`)."""
+        request = self.cache_request(module, strategy)
+        self.cache_digest = request.digest
+        return load_or_compute_cache(request, self.cache_force if force is None else force, strategy, repair)
+
+
+def build_or_load_cache(
+    datamodule: QueryDataModule, force: bool = False, strategy=None, module=None
+) -> ReferenceLogprobCache:
+    """What `erpo cache` runs: load or (re)compute the reference score cache of a configured datamodule.
+
+    A damaged cache (unreadable, cut short, scores that are not its manifest's) is rebuilt, with the reason reported.
+    `module` (the configured LightningModule) sets the forward's dtype when `data.cache_dtype` is null.
+    """
+    cache = datamodule.build_or_load_cache(force, strategy, module, repair=True)
+    datamodule.attach_cache(cache)
+    return cache

@@ -1,8 +1,9 @@
 """One row of a query source, checked: its problem (text or a conversation), its gold answer (one a response can
 match), its id (unique in the source) and the extra columns it carries to the reward.
 
-`sources.load_queries` calls `check_columns` once per source, then `row_issue` per row; each issue is a (field,
-reason counted in the skip summary, detail) triple, so one bad row is reported, or skipped, without losing the rest.
+`sources.load_queries` calls `check_columns` once per source, with the source's field map as `RowFields`, then
+`row_issue` per row; each issue is a (field, reason counted in the skip summary, detail) triple, so one bad row is
+reported, or skipped, without losing the rest.
 """
 
 from __future__ import annotations
@@ -10,14 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 from erpo_lightning.data.files import DataError, RawRow
 from erpo_lightning.rewards.normalize import shows_nothing, strip_invisible
-
-if TYPE_CHECKING:
-    from erpo_lightning.data.sources import SourceSpec
 
 
 def _answer_text(value: object, transform: str | None) -> str | None:
@@ -64,24 +62,47 @@ def unmatchable_answer(answer: str) -> str | None:
     return None
 
 
-def check_columns(columns: list[str], spec: SourceSpec, where: str) -> tuple[str, str, str | None]:
-    problem_field, answer_field = spec.problem_field or "problem", spec.answer_field
-    id_field = spec.id_field if spec.id_field is not None else ("id" if "id" in columns else None)
-    if not columns:  # no row could be read: each one is reported on its own
-        return problem_field, answer_field, id_field
-    for key, column in (("problem_field", problem_field), ("answer_field", answer_field), ("id_field", id_field)):
+@dataclass(frozen=True)
+class RowFields:
+    """Which column of a source holds each part of a row (its `SourceSpec`'s field map).
+
+    Attributes:
+        problem: the problem's column (None: "problem").
+        answer: the gold answer's column; None for a source without golds.
+        id: the stable id's column (None: "id" when the source has that column, else a hash of the problem).
+        answer_transform: "first" (element 0 of a list answer), "after_hash" (the text after the last "####") or None.
+        carried: the extra columns carried with each query to the reward.
+    """
+
+    problem: str | None = None
+    answer: str | None = "answer"
+    id: str | None = None
+    answer_transform: str | None = None
+    carried: tuple[str, ...] = ()
+
+
+def check_columns(columns: list[str], fields: RowFields, where: str) -> RowFields:
+    """`fields` with the problem and id columns resolved against the source's `columns`; DataError naming the first
+    column `fields` names that the source lacks. A source whose rows could not be read (no `columns`) is not checked:
+    each row is reported on its own."""
+    problem = fields.problem or "problem"
+    id_column = fields.id if fields.id is not None else ("id" if "id" in columns else None)
+    resolved = replace(fields, problem=problem, id=id_column)
+    if not columns:
+        return resolved
+    for key, column in (("problem_field", problem), ("answer_field", fields.answer), ("id_field", id_column)):
         if column is not None and column not in columns:
             raise DataError(f"{where}: no column {column!r} ({key}); its columns are {columns}. Set {key}.")
-    for column in spec.columns or ():
+    for column in fields.carried:
         if column not in columns:
             raise DataError(f"{where}: no column {column!r} (named in columns); its columns are {columns}")
-    return problem_field, answer_field, id_field
+    return resolved
 
 
-def _carried(row: RawRow, columns: list[str] | None) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+def _carried(row: RawRow, columns: tuple[str, ...]) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
     """The values of the named `columns` in `row`, and the issue of the first one it has no value in (or None)."""
     values = {}
-    for column in columns or ():
+    for column in columns:
         value = row.values.get(column)
         if value is None:
             return {}, (column, "missing column", f"no value in column {column!r} (named in columns)")
@@ -169,11 +190,12 @@ class ProblemKinds:
         return self.column, "mixed problem kinds", detail
 
 
-def _gold_issue(raw_answer: object, spec: SourceSpec, answer_field: str | None):
+def _gold_issue(raw_answer: object, fields: RowFields):
     """(gold answer text, None), or (None, None) for a source without golds, or (None, issue) for an unusable one."""
+    answer_field = fields.answer
     if answer_field is None:
         return None, None
-    answer = _answer_text(raw_answer, spec.answer_transform)
+    answer = _answer_text(raw_answer, fields.answer_transform)
     if answer is None:
         return None, (answer_field, "bad answer", f"answer is {raw_answer!r:.60} (missing, empty or not text)")
     why = unmatchable_answer(answer)
@@ -184,25 +206,24 @@ def _gold_issue(raw_answer: object, spec: SourceSpec, answer_field: str | None):
 
 def row_issue(
     row: RawRow,
-    fields_: tuple[str, str | None, str | None],
-    spec: SourceSpec,
+    fields: RowFields,
     label: str,
     seen: dict,
     kinds: ProblemKinds | None = None,
 ):
     """((id, problem, answer, carried columns, messages), None) for a usable row, else (None, (field, reason counted
-    in the summary, detail)). `kinds`: the source's problem column as a whole, which refuses a row of the kind
-    (text or conversation) its other rows are not."""
+    in the summary, detail)). `fields`: as `check_columns` resolved them. `kinds`: the source's problem column as a
+    whole, which refuses a row of the kind (text or conversation) its other rows are not."""
     if row.error is not None:
         return None, row.error
-    problem_field, answer_field, id_field = fields_
+    problem_field, answer_field, id_field = fields.problem, fields.answer, fields.id
     problem, messages, why = _problem_of(row.values.get(problem_field))
     if why is not None:
         return None, (problem_field, "bad problem", why)
     mixed = kinds.issue(row) if kinds is not None else None
     if mixed is not None:
         return None, mixed
-    answer, issue = _gold_issue(row.values.get(answer_field) if answer_field else None, spec, answer_field)
+    answer, issue = _gold_issue(row.values.get(answer_field) if answer_field else None, fields)
     if issue is not None:
         return None, issue
     hashed = problem if messages is None else json.dumps(messages, ensure_ascii=False, sort_keys=True)
@@ -214,5 +235,5 @@ def row_issue(
         same = "same id" if id_field else "same problem text"
         detail = f"duplicate id {query_id!r} ({same} as row {seen[query_id]})"
         return None, (id_field or problem_field, "duplicate id", detail)
-    carried, issue = _carried(row, spec.columns)
+    carried, issue = _carried(row, fields.carried)
     return (None, issue) if issue is not None else ((query_id, problem, answer, carried, messages), None)

@@ -21,7 +21,7 @@ from typing import Any
 import datasets
 
 from erpo_lightning.data.files import DataError, RawRow, Table, read_local_file
-from erpo_lightning.data.rows import ProblemKinds, check_columns, row_issue
+from erpo_lightning.data.rows import ProblemKinds, RowFields, check_columns, row_issue
 from erpo_lightning.rewards.protocol import RESERVED_NAMES
 
 LOCAL_FORMATS = (".csv", ".json", ".jsonl", ".parquet")  # `.json`: one JSON array, or JSON Lines
@@ -294,16 +294,23 @@ def load_queries(spec: SourceSpec | dict, skip_invalid: bool = False) -> tuple[l
     if not table.rows:  # a file says so when it is read; an in-memory or Hub table, or `limit: 0`, here
         why = f"limit: {spec.limit}" if spec.limit is not None and spec.limit < 1 else "it has 0 rows"
         raise DataError(f"{where}: no rows to read ({why}); a source needs at least one row")
-    fields_ = check_columns(table.columns, spec, where)
+    declared = RowFields(
+        problem=spec.problem_field,
+        answer=spec.answer_field,
+        id=spec.id_field,
+        answer_transform=spec.answer_transform,
+        carried=tuple(spec.columns or ()),
+    )
+    fields_ = check_columns(table.columns, declared, where)
     label = spec.label or spec.name or (Path(spec.path).stem if spec.path else spec.hub_id) or "dataset"
 
     queries: list[Query] = []
     problems: list[str] = []
     skipped: Counter = Counter()
     first_row_of: dict[str, int] = {}
-    kinds = ProblemKinds.of(table.rows, fields_[0])
+    kinds = ProblemKinds.of(table.rows, fields_.problem)
     for row in table.rows:
-        found, issue = row_issue(row, fields_, spec, label, first_row_of, kinds)
+        found, issue = row_issue(row, fields_, label, first_row_of, kinds)
         if issue is not None:
             field_name = f", field {issue[0]!r}" if issue[0] is not None else ""
             problems.append(f"{where} {row.position}{field_name}: {issue[2]}")

@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.checkpoints.adapters_only import trainable_state_names
 from erpo_lightning.checkpoints.module_state import load_module_state, save_module_state
 from erpo_lightning.common.memory import release_free_heap
 from erpo_lightning.data.cache_build import ComputePath, policy_compute_dtype
@@ -280,12 +281,25 @@ class ERPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Add the module's counters and RNG states; refuse non-finite weights (`checkpoints/module_state.py`)."""
-        save_module_state(self, checkpoint)
+        counters = {
+            "policy_version": self.policy_version, "zero_signal_skips": self.zero_signal_skips,
+            "skipped_steps": self.guard.skipped_steps, "consecutive_skips": self.guard.consecutive_skips,
+        }  # fmt: skip
+        adapters_only = self.lora is not None and self.lora.checkpoint == "adapters"
+        trainable = trainable_state_names(self) if adapters_only else None
+        save_module_state(checkpoint, counters, self.hparams.model_path, trainable, self._trainer)
         checkpoint["erpo_entropy_control"] = self.entropy_control.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Restore the counters and RNG states; complete an adapters-only checkpoint (`checkpoints/module_state.py`)."""
-        load_module_state(self, checkpoint)
+        ckpt_path = self.trainer.ckpt_path if self._trainer is not None else None
+        counters = load_module_state(
+            checkpoint, ckpt_path, self.hparams.model_path, self.state_dict, trainable_state_names(self)
+        )
+        self.policy_version = counters["policy_version"]
+        self.zero_signal_skips = counters["zero_signal_skips"]
+        self.guard.skipped_steps = counters["skipped_steps"]
+        self.guard.consecutive_skips = counters["consecutive_skips"]
         if "erpo_entropy_control" in checkpoint:
             self.entropy_control.load_state_dict(checkpoint["erpo_entropy_control"])
 

@@ -5,11 +5,11 @@ layers `target_modules` names (`add_lora_adapters`, peft's `inject_adapter_in_mo
 Hugging Face model class (generation, FSDP2's per-layer units and the log-prob code see the model they always saw),
 each adapted linear layer computes W·x + scale·B·A·x with scale = alpha / r, and only A and B train. B starts at 0, so
 the policy at step 0 is the base model, θ0, to the bit, unless `adapter_path` starts the adapters at a saved adapter
-(`lora_files.py`, which also writes and reads the adapters-only checkpoints of `checkpoint: adapters`); either way the
-reference cache is the base model's, whatever `peft` says.
+(`lora_files.py`; the adapters-only checkpoints of `checkpoint: adapters` are `checkpoints/adapters_only.py`'s);
+either way the reference cache is the base model's, whatever `peft` says.
 
-`target_modules` is checked against the model before any weight loads (`check_lora_targets_before_loading`: the
-model built from its config.json on the meta device): every entry must name linear layers, and not the LM head of a
+`target_modules` is checked against the model before any weight loads (`lora_files.check_lora_targets_before_loading`:
+the model built from its config.json on the meta device): every entry must name linear layers, and not the LM head of a
 model that ties it to its input embeddings (`tie_word_embeddings: true`), whose adapted head vLLM and exported models
 would drop, keeping the shared base matrix.
 
@@ -183,30 +183,6 @@ def model_skeleton(model_path: str, trust_remote_code: bool = False) -> torch.nn
             return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except Exception:  # an early check only: the real load reports the problem, and `add_lora_adapters` checks again
         return None
-
-
-def check_lora_targets_before_loading(
-    settings: LoraSettings | Mapping[str, Any] | None, model_path: str | None, trust_remote_code: bool = False
-) -> None:
-    """`check_lora_targets` on the skeleton of `model_path` (`model_skeleton`), and the `adapter_path` folder against
-    the settings (`lora_files.check_adapter_folder`), before anything loads.
-
-    Nothing is checked without settings. The targets are not checked without a path, for a `.gguf` file (checked
-    once it is converted: the CLI hands the module the converted folder) or when the config cannot be read; the
-    adapter folder's layers are then checked when its weights load.
-    """
-    if settings is None:
-        return
-    from erpo_lightning.modules.lora_files import check_adapter_folder  # lora_files imports this module
-
-    lora = lora_settings(settings)
-    skeleton = None
-    if model_path and not str(model_path).lower().endswith(".gguf"):
-        skeleton = model_skeleton(str(model_path), trust_remote_code)
-    if skeleton is not None:
-        check_lora_targets(lora, skeleton, str(model_path))
-    if lora.adapter_path is not None:
-        check_adapter_folder(lora, skeleton, str(model_path or "the model"), model_path)
 
 
 def adapter_parameters_before_loading(

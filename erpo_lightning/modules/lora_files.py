@@ -1,33 +1,37 @@
-"""LoRA adapters on disk: a policy that starts from a peft adapter folder (`model.peft.adapter_path`), and checkpoints
-that hold the adapters alone (`model.peft.checkpoint: adapters`). docs/lora.md.
+"""LoRA adapters on disk: a policy that starts from a peft adapter folder (`model.peft.adapter_path`), and the checks
+of `model.peft` against the model and that folder before anything loads (`check_lora_targets_before_loading`).
+docs/lora.md.
 
 An adapter folder is peft's `save_pretrained` format, which `erpo export --adapter_out` writes: `adapter_config.json`
 and `adapter_model.safetensors`, whose tensors are named `base_model.model.<layer>.lora_A.weight`; the policy's
-adapters (peft's `inject_adapter_in_model`) are `<layer>.lora_A.default.weight`. An adapters-only checkpoint drops
-every frozen weight from the Lightning state dict and records the base model it was trained on by the hash of its
-weight files (`data.fingerprint.weights_hash`, the reference cache's own): loading rebuilds the base from
-`model_path`, refuses one that hashes otherwise, and puts the adapters on it.
+adapters (peft's `inject_adapter_in_model`) are `<layer>.lora_A.default.weight`. An adapter trained on another base
+than `model.model_path` is refused where the two can be compared (`base_weights_hash`, as adapters-only checkpoints
+record their base: `checkpoints/adapters_only.py`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from erpo_lightning.common.errors import SettingsError
-from erpo_lightning.modules.lora import LoraSettings, adapted_layer_names
+from erpo_lightning.checkpoints.adapters_only import base_weights_hash
+from erpo_lightning.modules.lora import (
+    LoraSettings,
+    adapted_layer_names,
+    check_lora_targets,
+    lora_settings,
+    model_skeleton,
+)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # peft's name of the wrapped model, in front of every saved tensor name
 ADAPTER_NAME = "default"  # the one adapter `add_lora_adapters` adds
-# The checkpoint entry of an adapters-only checkpoint: {"base_model_path": ..., "base_weights_hash": ...}.
-ADAPTERS_ONLY_KEY = "erpo_lora_adapters_only"
 # adapter_config.json fields of LoRA variants this project does not train, with plain LoRA's value.
 _PLAIN_LORA = (
     ("use_dora", False),
@@ -161,6 +165,28 @@ def check_adapter_folder(
         )
 
 
+def check_lora_targets_before_loading(
+    settings: LoraSettings | Mapping[str, Any] | None, model_path: str | None, trust_remote_code: bool = False
+) -> None:
+    """`check_lora_targets` on the skeleton of `model_path` (`model_skeleton`), and the `adapter_path` folder against
+    the settings (`check_adapter_folder`), before anything loads.
+
+    Nothing is checked without settings. The targets are not checked without a path, for a `.gguf` file (checked
+    once it is converted: the CLI hands the module the converted folder) or when the config cannot be read; the
+    adapter folder's layers are then checked when its weights load.
+    """
+    if settings is None:
+        return
+    lora = lora_settings(settings)
+    skeleton = None
+    if model_path and not str(model_path).lower().endswith(".gguf"):
+        skeleton = model_skeleton(str(model_path), trust_remote_code)
+    if skeleton is not None:
+        check_lora_targets(lora, skeleton, str(model_path))
+    if lora.adapter_path is not None:
+        check_adapter_folder(lora, skeleton, str(model_path or "the model"), model_path)
+
+
 def load_adapter_weights(policy: torch.nn.Module, folder: str) -> None:
     """Copy the adapter of the peft folder `folder` into the adapters of `policy` (`add_lora_adapters` with the
     same settings): every trainable parameter gets the tensor of its name, cast to its dtype. ValueError naming
@@ -202,58 +228,3 @@ def _policy_name(saved_name: str) -> str:
     """`base_model.model.X.lora_A.weight` (peft's file) -> `X.lora_A.default.weight` (the policy's parameter)."""
     module, _, leaf = saved_name.removeprefix(PEFT_PREFIX).rpartition(".")
     return f"{module}.{ADAPTER_NAME}.{leaf}" if module.endswith((".lora_A", ".lora_B")) else saved_name
-
-
-# ------------------------------------------------------------------------------------ adapters-only checkpoints
-def base_weights_hash(model_path: str) -> str:
-    """sha256 over the names and contents of the weight files of `model_path` (a folder or a Hub id); each file is
-    read once per version on this machine (`file_hashes.cached_file_sha256`)."""
-    from erpo_lightning.data.fingerprint import resolve_model_dir, weights_hash
-
-    return weights_hash(resolve_model_dir(model_path))
-
-
-def trainable_state_names(module: torch.nn.Module) -> set[str]:
-    """The state-dict names of the parameters of `module` that train (a LoRA policy's adapters)."""
-    return {name for name, parameter in module.named_parameters() if parameter.requires_grad}
-
-
-def keep_adapters_only(checkpoint: dict[str, Any], adapter_names: Collection[str], model_path: str) -> None:
-    """Drop from `checkpoint["state_dict"]` every entry but `adapter_names` (the frozen base, and a Policy-KL
-    reference model's copy of it) and record the base model they were trained on (ADAPTERS_ONLY_KEY)."""
-    state = checkpoint["state_dict"]
-    checkpoint["state_dict"] = {name: value for name, value in state.items() if name in adapter_names}
-    checkpoint[ADAPTERS_ONLY_KEY] = {"base_model_path": model_path, "base_weights_hash": base_weights_hash(model_path)}
-
-
-def check_adapters_base(checkpoint: Mapping[str, Any], model_path: str, ckpt_path: str) -> bool:
-    """Whether `checkpoint` holds the adapters alone; SettingsError naming `model.model_path` when it does and the
-    weight files of `model_path` hash otherwise than those of the base it was trained on."""
-    record = checkpoint.get(ADAPTERS_ONLY_KEY)
-    if record is None:
-        return False
-    if not model_path:
-        raise SettingsError(
-            f"{ckpt_path} holds LoRA adapters only (model.peft.checkpoint: adapters), and the model to load them on "
-            f"names no base model (its name_or_path is empty); load it from {record['base_model_path']}"
-        )
-    found = base_weights_hash(model_path)
-    if found != record["base_weights_hash"]:
-        raise SettingsError(
-            f"model.model_path: {ckpt_path} holds LoRA adapters only (model.peft.checkpoint: adapters), trained on "
-            f"the base model {record['base_model_path']} whose weight files hash to {record['base_weights_hash'][:16]}"
-            f", but the weight files of {model_path} hash to {found[:16]}: the adapters would sit on other weights; "
-            "load them on the base they were trained on"
-        )
-    return True
-
-
-def fill_frozen_weights(
-    state: dict[str, torch.Tensor], current: Mapping[str, torch.Tensor], adapter_names: Collection[str]
-) -> None:
-    """Complete an adapters-only `state` with the frozen entries of `current` (the model's own state dict: the base
-    just loaded from `model_path`), so that a strict load still checks every adapter's name and shape and leaves the
-    base as it was loaded."""
-    for name, value in current.items():
-        if name not in adapter_names:
-            state.setdefault(name, value)

@@ -11,12 +11,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from erpo_lightning.common.setting_rules import Rule, check_rules
-from erpo_lightning.modules.lora import (
-    check_lora_settings,
-    check_lora_targets_before_loading,
-    model_skeleton,
-    require_peft,
-)
+from erpo_lightning.modules.lora import check_lora_settings, model_skeleton, require_peft
+from erpo_lightning.modules.lora_files import check_lora_targets_before_loading
 from erpo_lightning.modules.optim import NonFiniteGuard, check_optimizer_settings
 from erpo_lightning.scoring.output_layer import fused_output_problem
 

@@ -1,26 +1,29 @@
 """The ERPO update as one unit, for any trainer: an optimizer step's forward, loss, Query-KL pass and w(q) in pure
 torch (no Lightning import). `ERPOModule` (Lightning) and `integrations.trl.ERPOTrainer` (TRL) both call it.
 
-    step.py        `LossRows` (what one forward reads), `micro_batch_loss`, `query_pass_term`,
-                   `accumulate_gradients` (one optimizer step's backward), `StepStats`, `step_normalizers`
+    forward.py     `LossRows` (what one forward reads) and the forwards that score it
+    step.py        `micro_batch_loss`, `query_pass_term`, `accumulate_gradients` (one optimizer step's backward),
+                   `StepStats`, `step_normalizers`
     query_pass.py  Query-KL on the step's unique queries scored alone in the cache's layout; per-step w(q)
     microbatch.py  optimizer mini-batches of whole groups; micro-batches of length-sorted rows by a token budget
     shared_prompt.py  each query forwarded once (`prompt_pass`), its responses on its keys and values
 """
 
+from erpo_lightning.update.forward import (
+    Forward,
+    LossRows,
+    full_logits_forward,
+    response_logits_forward,
+    rollout_loss_rows,
+)
 from erpo_lightning.update.microbatch import micro_batch_rows, micro_batches, minibatch_rows, trim_padding
 from erpo_lightning.update.query_pass import exact_query_kl, step_query_weights, unique_prompts
 from erpo_lightning.update.shared_prompt import PromptPass, prompt_pass
 from erpo_lightning.update.step import (
-    Forward,
-    LossRows,
     StepStats,
     accumulate_gradients,
-    full_logits_forward,
     micro_batch_loss,
     query_pass_term,
-    response_logits_forward,
-    rollout_loss_rows,
     step_normalizers,
 )
 

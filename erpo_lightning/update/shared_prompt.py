@@ -35,7 +35,7 @@ import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -49,10 +49,8 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.scoring.output_layer import output_layer_bypassed
 from erpo_lightning.scoring.queries import QueryScoringLayout, forward_block
+from erpo_lightning.update.forward import LossRows, window_logprobs_and_entropy
 from erpo_lightning.update.query_pass import exact_query_kl
-
-if TYPE_CHECKING:
-    from erpo_lightning.update.step import LossRows
 
 
 class PrefixCache(DynamicCache):
@@ -187,17 +185,15 @@ class PromptPass:
     entropy_gradient: bool = False
 
     def forward(self, policy: torch.nn.Module, rows: LossRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `step.Forward` of a micro-batch under the shared prompt: its responses on their queries' keys and
+        """The `forward.Forward` of a micro-batch under the shared prompt: its responses on their queries' keys and
         values. Column P (the first response token) is scored from the query's last logits, columns P + 1.. from the
         response forward, all at the rows' temperature; the prompt columns are 0.
 
         Args:
-            rows: the micro-batch (`step.LossRows`), of queries this pass holds.
+            rows: the micro-batch (`forward.LossRows`), of queries this pass holds.
         Returns:
             ([N, P + R] log-probs, [N, P + R] entropies, with gradient only under `entropy_gradient`).
         """
-        from erpo_lightning.update.step import window_logprobs_and_entropy  # step.py imports this module
-
         prompt_length, temperature = rows.prompt_length, rows.temperature
         device = rows.input_ids.device
         places = torch.tensor([self.row_of[int(q)] for q in rows.query_index.tolist()], device=device)

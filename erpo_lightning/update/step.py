@@ -1,11 +1,12 @@
 """One optimizer step's loss and gradients, the same for every trainer: the rows' forward, `objectives.rl_loss` and
 the exact Query-KL pass, in one order.
 
-A trainer hands the step its rows as `LossRows` (what one forward reads) and its global counts (`step_normalizers`);
-`micro_batch_loss` scores the rows and returns the loss with its typed `LossStats`; `query_pass_term` scores the
-step's unique queries alone, in the reference cache's layout (`query_pass.exact_query_kl`). `accumulate_gradients`
-runs both over an optimizer step for a trainer that drives backward itself (`ERPOModule`); a trainer whose loop runs
-backward on a returned loss (TRL's) calls `query_pass_term` then `micro_batch_loss` per micro-batch and adds them.
+A trainer hands the step its rows as `LossRows` (what one forward reads: `forward.py`) and its global counts
+(`step_normalizers`); `micro_batch_loss` scores the rows and returns the loss with its typed `LossStats`;
+`query_pass_term` scores the step's unique queries alone, in the reference cache's layout
+(`query_pass.exact_query_kl`). `accumulate_gradients` runs both over an optimizer step for a trainer that drives
+backward itself (`ERPOModule`); a trainer whose loop runs backward on a returned loss (TRL's) calls `query_pass_term`
+then `micro_batch_loss` per micro-batch and adds them.
 Nothing here imports Lightning: collectives come in as functions (the identity on one process).
 """
 
@@ -18,131 +19,14 @@ import torch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.data.cache import ReferenceLogprobCache
-from erpo_lightning.rollout.batch import RolloutBatch
-from erpo_lightning.scoring.logprobs import (
-    causal_lm_window,
-    prompt_response_logprobs_and_entropy,
-    response_logprobs,
-    response_window,
-)
+from erpo_lightning.scoring.logprobs import response_logprobs
+from erpo_lightning.update.forward import Forward, LossRows, full_logits_forward, response_logits_forward
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.update.shared_prompt import prompt_pass
 
 GlobalSum = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over all ranks
 GlobalMax = Callable[[int], int]  # a count's largest value over all ranks
 Backward = Callable[[torch.Tensor], None]  # runs backward on a loss (a share of the step's, already scaled)
-
-
-@dataclass(frozen=True)
-class LossRows:
-    """The rows of one forward, as the loss reads them. N rows of `[prompt; response]`, P prompt and R response
-    columns.
-
-    Attributes:
-        input_ids, attention_mask: [N, P + R] long; prompts left-padded to P, responses right-padded.
-        prompt_length: P.
-        temperature: T the responses were sampled at; they are scored under softmax(logits / T), the prompt at T = 1.
-        response_mask: [N, R] long, the response tokens the loss sees.
-        advantages: [N] float32.
-        is_group_leader: [N] bool, one row per query (its group's first).
-        query_index: [N] long, each row's query's row in the reference cache.
-        old_logprobs: [N, R] the policy's log-probs before the batch's first update; None = on-policy (the rows'
-            own forward, detached).
-        sampling_logprobs: [N, R] the engine's log-probs of the sampled tokens (None: the trainer has none).
-        query_weights: [N] w(q) of each row's query, or None.
-        reference_query_logprobs: [N, P] θ0's log-probs of the prompt tokens, as the cache pads them; only for
-            `shared_forward` scoring, which reads the queries from this forward (None under `exact`).
-        constant: Dr. GRPO's normaliser (`seq_sum_constant`), or None.
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    prompt_length: int
-    temperature: float
-    response_mask: torch.Tensor
-    advantages: torch.Tensor
-    is_group_leader: torch.Tensor
-    query_index: torch.Tensor
-    old_logprobs: torch.Tensor | None = None
-    sampling_logprobs: torch.Tensor | None = None
-    query_weights: torch.Tensor | None = None
-    reference_query_logprobs: torch.Tensor | None = None
-    constant: float | None = None
-
-
-def rollout_loss_rows(
-    batch: RolloutBatch, constant: float | None, reference_query_logprobs: torch.Tensor | None = None
-) -> LossRows:
-    """The `LossRows` of a `RolloutBatch` whose advantages are set (`ERPOModule.train_on` sets them)."""
-    return LossRows(
-        batch.input_ids, batch.attention_mask, batch.prompt_length, batch.temperature, batch.response_mask,
-        batch.advantages, batch.is_group_leader, batch.query_index, batch.old_logprobs, batch.sampling_logprobs,
-        batch.query_weights, reference_query_logprobs, constant,
-    )  # fmt: skip
-
-
-# A forward of `policy` over the rows: ([N, P + R] token log-probs, [N, P + R] entropy or None), column t scoring
-# token t given the tokens before it (column 0 unscored), the prompt at T = 1 and the response at the rows' T. The
-# entropy carries its gradient when the loss has an entropy bonus (`LossSettings.entropy_gradient`).
-Forward = Callable[[torch.nn.Module, LossRows], tuple[torch.Tensor, torch.Tensor | None]]
-
-
-def window_logprobs_and_entropy(
-    window: torch.Tensor,
-    input_ids: torch.Tensor,
-    prompt_length: int,
-    temperature: float,
-    weight: torch.Tensor | None,
-    entropy_gradient: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logprobs.prompt_response_logprobs_and_entropy` of a forward's window (logits, or the last hidden states with
-    the output layer's `weight`), whose logits nothing else reads. With `entropy_gradient` the entropy is
-    `objectives.token_entropy`'s, with gradient (the entropy bonus): the window then has two readers, so backward
-    writes the log-probs' gradient into a buffer of its own rather than into the logits."""
-    if not entropy_gradient:
-        return prompt_response_logprobs_and_entropy(
-            window, input_ids, prompt_length, temperature, gradient_into_logits=True, output_weight=weight
-        )
-    logprobs, _ = prompt_response_logprobs_and_entropy(
-        window, input_ids, prompt_length, temperature, with_entropy=False, output_weight=weight
-    )
-    scale = torch.ones(window.shape[1], dtype=torch.float32, device=window.device)
-    scale[prompt_length - 1 :] = 1.0 / temperature
-    entropy = obj.token_entropy(window, scale, weight)  # column t: the distribution at position t (predicts t + 1)
-    return logprobs, torch.nn.functional.pad(entropy[:, :-1], (1, 0))
-
-
-def full_logits_forward(
-    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False, entropy_gradient: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `Forward` of `shared_forward` scoring, which reads the prompt tokens too: the policy's logits at every
-    position, then log-probs and entropy from them. The logits live only here, so backward writes their gradient
-    into their own buffer (`gradient_into_logits`), as in `response_logits_forward`. `fused_output`: the output
-    layer runs chunk by chunk inside the log-prob code, so the logits never exist (`output_layer.py`).
-    `entropy_gradient`: as `window_logprobs_and_entropy`."""
-    window, weight = causal_lm_window(policy, rows.input_ids, rows.attention_mask, fused_output=fused_output)
-    return window_logprobs_and_entropy(
-        window, rows.input_ids, rows.prompt_length, rows.temperature, weight, entropy_gradient
-    )
-
-
-def response_logits_forward(
-    policy: torch.nn.Module, rows: LossRows, fused_output: bool = False, entropy_gradient: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `Forward` when no prompt log-prob is read (the exact pass scores the queries): the output layer, the
-    log-softmax and the entropy run on the R + 1 positions that predict response tokens only (`logits_to_keep`),
-    not on the P − 1 prompt positions, in every arm. The prompt columns of the result are 0. `fused_output` as in
-    `full_logits_forward`; `entropy_gradient` as `window_logprobs_and_entropy`."""
-    prompt_length = rows.prompt_length
-    window, weight = response_window(
-        policy, rows.input_ids, rows.attention_mask, prompt_length, fused_output=fused_output
-    )
-    # Column 0 of the kept window is the last prompt token, unscored; columns 1.. are the response at T.
-    logprobs, entropy = window_logprobs_and_entropy(
-        window, rows.input_ids[:, prompt_length - 1 :], 1, rows.temperature, weight, entropy_gradient
-    )
-    skipped = (prompt_length - 1, 0)
-    return torch.nn.functional.pad(logprobs, skipped), torch.nn.functional.pad(entropy, skipped)
 
 
 @dataclass
