@@ -89,30 +89,47 @@ class RolloutCallback(pl.Callback):
     """Generates, scores and packs the rollout of each training batch (`on_train_batch_start`).
 
     Args:
-        engine: a RolloutEngine (HFEngine, VLLMEngine).
-        reward: `(responses, golds, **inputs) -> rewards` (rewards/protocol.py), given by keyword the `prompts`,
+        engine: a RolloutEngine: `erpo_lightning.rollout.VLLMEngine` (in-process vLLM colocated with training) or
+            `erpo_lightning.rollout.HFEngine` (`generate` on the policy itself).
+        reward: a `Reward` (rewards/protocol.py), `(responses, golds, **inputs) -> rewards`: a class by
+            `class_path` (e.g. `erpo_lightning.rewards.MathReward`) or a plain function by its import path, several
+            summed with `CombinedReward` ([docs/rewards.md](rewards.md)). It is given by keyword the `prompts`,
             `problems` and data columns (`SourceSpec.columns`) its signature accepts; an optional `counters()` dict
             is logged as `rollout/grader_<key>`, an optional `components()` dict (`CombinedReward`'s per-component
             means) as `rollout/reward/<name>`.
-        group_size: G, responses per query.
-        temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids: sampling settings (see SamplingSettings).
-        seed: None = unseeded; else rollout call c on rank r uses `rollout_seed(seed, c, r)` (one stream per rank).
+        group_size: G, responses per query, >= 1; >= 2 with the group estimators (`grpo`, `dr_grpo`, `rloo`), which
+            compare the responses of one query.
+        temperature: T of the sampling softmax(logits / T), > 0 and finite (greedy decoding, T = 0, is refused). The
+            run's one sampling temperature: each `RolloutBatch` carries it and the module scores the response
+            log-probs at it, those of the processed (tempered) distribution.
+        top_p: nucleus sampling mass, in (0, 1] (1.0 = off).
+        top_k: sample from the k most likely tokens, >= 0 (0 = off).
+        max_new_tokens: response length cap, in tokens, >= 1.
+        stop: strings that end a response, besides the tokenizer's eos (which always stops); the tokens that
+            complete one stay in the response.
+        stop_token_ids: token ids that end a response, besides the tokenizer's eos; the stop token stays in it.
+        seed: None = unseeded; else rollout call c on rank r uses `rollout_seed(seed, c, r)` (one stream per rank;
+            the call count is saved in checkpoints).
         dynamic_sampling: DAPO: keep only groups whose (raw) rewards differ, generating more batches until B groups;
             each refill batch is the next unused queries of the training loader's query stream (`QueryBatchSampler`,
-            saved in checkpoints), so a step never generates a query twice unless the epoch runs out (warned, and
-            counted in `rollout/repeated_queries`).
-        max_refill_rounds: extra generation rounds allowed per step; past it zero-variance groups fill the batch.
+            saved in checkpoints), so an epoch has fewer steps and a step never generates a query twice unless the
+            epoch runs out; past the epoch's end refills continue with the next epoch's queries (warned, and counted
+            in `rollout/repeated_queries`).
+        max_refill_rounds: extra generation rounds allowed per step with `dynamic_sampling`, >= 0; past it
+            zero-variance groups fill the batch.
         overlong_filter: mask out the loss of truncated responses (response_mask = 0 on them).
-        overlong_buffer: DAPO soft overlong punishment zone in tokens (0 = off).
-        overlong_penalty_factor: scale of that punishment (reward lowered by up to this much).
-        correct_threshold: a response counts as correct for `rollout/accuracy` when its raw reward is at least this.
+        overlong_buffer: DAPO's soft overlong punishment zone, the last this many tokens before `max_new_tokens`,
+            >= 0 (0 = off).
+        overlong_penalty_factor: scale of that punishment (reward lowered by up to this much), >= 0.
+        correct_threshold: a response counts as correct for `rollout/accuracy` when its raw reward is at least this;
+            a finite number.
         logprob_check_every: every this many steps, recompute the response log-probs with the policy and log
-            `rollout/logprob_abs_diff` (0 = never; costs one no-grad forward of the batch). It is ~1e-6 in fp32
-            with top_k / top_p off; those truncate the engine's distribution, which the trainer does not.
+            `rollout/logprob_abs_diff`, >= 0 (0 = never; costs one no-grad forward of the batch). It is ~1e-6 in
+            fp32 with top_k / top_p off; those truncate the engine's distribution, which the trainer does not.
             ERPOModule logs the same quantity for free as `train/logprob_abs_diff` (from its first forward), so
             this extra check is off by default.
-        logprob_check_micro_batch_size: rows per forward of that check.
-        tokenizer: tokenizer path; None = the policy's `name_or_path`.
+        logprob_check_micro_batch_size: rows per forward of that check, >= 1.
+        tokenizer: tokenizer path or Hub id; None = the policy's `name_or_path`.
 
     Engine, reward, tokenizer and sampling settings form `self.sampler` (a `RolloutSampler`), through which the
     temperature sweep samples and grades too.

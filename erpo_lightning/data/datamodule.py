@@ -119,36 +119,52 @@ class QueryDataModule(LightningDataModule):
 
     Args:
         model_path: local directory or Hub id of the initial policy: its tokenizer renders the prompts and its
-            weights are the frozen reference θ0 of the score cache.
-        train: sources (`SourceSpec` or dicts with `name` | `path` | `hub_id`, field map, `limit`, ...); needed
-            for `fit` and `cache`, not for `validate`.
-        template: prompt preset (`qwen25-math-cot`, `erpo-paper`, `plain`); `use_chat_template`, `system_prompt`
-            and `suffix` override the preset's values when not None ("" clears a text).
-        max_prompt_length: longest prompt in tokens (template included); longer ones follow `overlong`.
-        overlong: "drop" (counted and reported) or "error".
-        skip_invalid: skip bad rows (counted and reported) instead of failing on them.
-        batch_size: queries per RL step on each device.
-        shuffle, seed, num_workers: the training DataLoader's.
-        cache_dir: where the reference score cache lives; None uses a directory named by the fingerprint under
-            $ERPO_CACHE_HOME (default ~/.cache/erpo_lightning), so a changed model or data never meets a stale cache.
+            weights are the frozen reference θ0 of the score cache. `erpo` sets it from `model.model_path`.
+        train: sources (`SourceSpec` or dicts with `name` | `path` | `hub_id`, field map, `limit`, ...: the fields
+            of [a source](data.md#a-source)); needed for `fit` and `cache`, not for `validate`.
+        template: prompt preset: `qwen25-math-cot`, `erpo-paper` or `plain`
+            ([docs/data.md](data.md#prompt-templates)); `use_chat_template`, `system_prompt` and `suffix` override
+            its values.
+        use_chat_template: render with the tokenizer's chat template (`false` for base models without one); None =
+            the preset's.
+        system_prompt: system turn (chat) or leading paragraph (plain); None = the preset's, "" = none.
+        suffix: text appended to every problem; None = the preset's, "" = none.
+        max_prompt_length: longest prompt in tokens (template included), >= 1; longer ones follow `overlong`.
+        overlong: a longer prompt is dropped (`drop`, counted and reported) or fails the run, listing them
+            (`error`).
+        skip_invalid: skip bad rows (counted and reported) instead of failing on the first file with any.
+        batch_size: queries per RL step on each device, >= 1.
+        shuffle: shuffle the training queries each epoch (the query stream, `QueryBatchSampler`).
+        seed: seed of that shuffle and of the training DataLoader's generator.
+        num_workers: the training DataLoader's worker processes, >= 0.
+        cache_dir: where the reference score cache lives; None uses a directory named by the fingerprint,
+            `$ERPO_CACHE_HOME/reference/<fingerprint>` (default `~/.cache/erpo_lightning/...`), so a changed model or
+            data never meets a stale cache.
         cache_force: recompute the cache even if one exists.
-        cache_dtype: dtype of the reference forward ("float32", "bfloat16", "float16"); None (the default) takes
-            the policy's compute dtype (`policy_compute_dtype`), so that Query-KL at θ0 compares like with like.
-            A value that differs from the policy's compute dtype is refused.
+        cache_dtype: dtype of the reference forward (`float32`, `bfloat16`, `float16`); None (the default) takes
+            the policy's compute dtype (`policy_compute_dtype`: `model.fsdp_mixed_precision` under FSDP2, else
+            `model.dtype`; float32 where no model is given to the data module), so that Query-KL at θ0 compares like
+            with like. A value that differs from the policy's compute dtype is refused. Part of the fingerprint.
         cache_device: device of the reference forward; None uses the trainer's device (else CUDA if available).
-        cache_max_tokens, cache_batch_size, cache_chunk_size: see `LogprobBatching` (the first two batch the vLLM
-            engine only).
-        cache_engine: "transformers" (a forward with `logprobs.sequence_logprobs`, what the trainer uses) or "vllm"
-            (the engine's `prompt_logprobs`; needs vLLM installed; equal to ~1e-6 in float32, not bit for bit, so
-            it needs the module's `query_kl_scoring: shared_forward`).
-        query_score_rows, query_score_width_multiple: the shape of every query-scoring forward, in the cache build
-            and in the training step (`scoring.queries.QueryScoringLayout`): blocks of this many queries, each
-            right-padded to a multiple of this many tokens. Equal shapes make the step's scores at θ0 equal the
-            cache's bit for bit; part of the cache's fingerprint.
+        cache_max_tokens: padded tokens per vLLM batch (rows × longest prompt), >= 1; bounds memory, since logits
+            are tokens × vocabulary. The `transformers` engine scores in the `query_score_rows` layout instead.
+        cache_batch_size: rows per vLLM batch, >= 1.
+        cache_chunk_size: queries per resumable chunk of the cache build, >= 1, and the unit of work shared between
+            ranks.
+        cache_engine: `transformers` (a forward with `logprobs.sequence_logprobs`, what the trainer uses) or `vllm`
+            (the engine's `prompt_logprobs`, one process; needs vLLM installed; equal to ~1e-6 in float32, not bit
+            for bit, so it needs the module's `query_kl_scoring: shared_forward`).
+        query_score_rows: queries per query-scoring forward, >= 1, in the cache build and in every training step
+            (`scoring.queries.QueryScoringLayout`; a short block is filled with padding rows). Equal shapes make the
+            step's scores at θ0 equal the cache's bit for bit
+            ([docs/erpo.md](erpo.md#query-kl-at-θ0-exact-scoring-query_kl_scoring)). Part of the fingerprint.
+        query_score_width_multiple: each query is right-padded to its length rounded up to this many tokens, >= 1,
+            in the cache build and in the step. Part of the fingerprint.
         pass_rate_filter: keep only the training queries whose pass rate under the initial policy lies in a band
-            (`pass_rate.PassRateFilter`: low, high, samples, temperature, ...), measured at the start of a fit with
-            the rollout callback's reward before the reference cache is built, and cached by fingerprint; None keeps
-            every query.
+            (`pass_rate.PassRateFilter`: `low`, `high`, `samples`, `temperature`, `max_new_tokens`, `batch_size`,
+            `seed`; [docs/data.md](data.md#pass-rate-filtering-the-baseline-to-compare-wq-with)), measured at the
+            start of a fit with the rollout callback's reward before the reference cache is built, and cached by
+            fingerprint; None keeps every query.
     """
 
     def __init__(

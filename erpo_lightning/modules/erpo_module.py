@@ -66,60 +66,87 @@ class ERPOModule(L.LightningModule):
     Args:
         model_path: local directory or Hub id of the initial policy (also the frozen reference θ0).
         algorithm: preset name (`erpo` (the paper), `erpo_released` (the authors' code), `grpo`, `grpo_kl`, `dapo`,
-            `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`, `gspo`, `gspo_erpo`, `cispo`, `cispo_erpo`). The
-            keyword arguments named like the fields of `algorithms.Algorithm` (`advantage_estimator` to
-            `entropy_top_fraction`, and `weight_decay`) replace single fields of the preset (None = keep); their
-            entries, after the others, are the fields' own docstrings (`algorithms.loss_setting_args_doc`). Every
+            `dapo_erpo`, `rloo`, `rloo_erpo`, `dr_grpo`, `reinforce`, `gspo`, `gspo_erpo`, `cispo`, `cispo_erpo`;
+            compared in the README's table and [docs/erpo.md](erpo.md)). The keyword arguments named like the fields
+            of `algorithms.Algorithm` (`advantage_estimator` to `entropy_top_fraction`, and `weight_decay`: the loss
+            fields, [docs/loss_settings.md](loss_settings.md)) replace single fields of the preset (None = keep);
+            their help, after the others, is the fields' own docstrings (`algorithms.loss_setting_args_doc`). Every
             choice is checked here, before any model is loaded.
-        num_iterations: passes (PPO epochs) over each rollout batch.
-        update_batch_size: queries per optimizer step (None = the whole rollout batch, one step, on-policy).
-        micro_batch_tokens: token budget of one forward (rows × longest row).
-        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`); None = the response cap the rollout
-            sampled with (`RolloutBatch.max_new_tokens`, i.e. rollout.max_new_tokens: Dr. GRPO's and TRL's choice).
-        learning_rate: learning rate of the default AdamW (None = 1e-6); its weight decay is `weight_decay`.
-        warmup_steps: optimizer steps of the default schedule's linear warm-up (then constant).
-        optimizer, lr_scheduler: callables `params -> Optimizer` and `Optimizer -> LRScheduler` (in a config:
-            `class_path` + `init_args`); None = the AdamW / `optim.LinearWarmup` above. Which setting wins: optim.py.
-        gradient_clip_norm: max global grad norm, > 0 (None = no clipping).
+        num_iterations: passes (PPO epochs) over each rollout batch, >= 1.
+        update_batch_size: queries per optimizer step, >= 1 (None = the whole rollout batch, one step, on-policy);
+            with several optimizer steps per rollout batch the old log-probs are recomputed first.
+        micro_batch_tokens: token budget of one forward, in tokens (rows × longest row), >= 1; the rows are sorted
+            by length first, so rows of similar length share a forward, and gradients accumulate across the
+            micro-batches.
+        loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), in tokens, > 0; None = the response cap
+            the rollout sampled with (`RolloutBatch.max_new_tokens`, i.e. rollout.max_new_tokens: Dr. GRPO's and
+            TRL's choice).
+        learning_rate: learning rate of the default AdamW, >= 0 (None = 1e-6); its weight decay is `weight_decay`
+            (None = the preset's: 0.01 for `erpo_released`, else 0). Must stay None with `optimizer` set.
+        warmup_steps: optimizer steps of the default schedule's linear warm-up (then constant), >= 0 (0 = constant
+            from the first step). Must stay 0 with `lr_scheduler` set.
+        optimizer: callable `params -> Optimizer`, any `torch.optim` class (in a config: `class_path` +
+            `init_args`, e.g. `--model.optimizer SGD --model.optimizer.lr 0.01`); None = AdamW with `learning_rate`
+            and `weight_decay`. A set optimizer owns its learning rate and weight decay: `learning_rate` and
+            `weight_decay` must then stay unset, and the preset's weight decay is not applied (`modules/optim.py`).
+            LightningCLI's top-level `optimizer:` group is not used: it would build the optimizer before the policy
+            is loaded.
+        lr_scheduler: callable `Optimizer -> LRScheduler` (in a config: `class_path` + `init_args`); None =
+            `optim.LinearWarmup(warmup_steps)`. A set schedule owns the schedule (`warmup_steps` must stay 0); it is
+            stepped once per optimizer step, so it counts optimizer steps, and `ReduceLROnPlateau` is refused.
+        gradient_clip_norm: max global gradient norm, > 0 (None = no clipping).
         query_kl_scoring: how the step scores the queries for Query-KL. `exact`: the unique queries alone, in the
             reference cache's layout (`update/query_pass.py`), equal to the cache bit for bit at θ0 in any
             precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_prompt`:
             that same forward of each query also carries its G responses, which run on its cached keys and values
             (`update/shared_prompt.py`): exact, and each prompt is forwarded once per step instead of G + 1 times,
-            with or without gradient checkpointing. `shared_forward`:
-            from the [prompt; response] forward that scores the responses (the paper's "no extra forward"), whose
-            rounding differs from the cache's, so `query_kl_tolerance` defaults to the compute dtype's noise floor.
+            with or without gradient checkpointing. `shared_forward`: from the [prompt; response] forward that
+            scores the responses (the paper's "no extra forward"), whose rounding differs from the cache's, so
+            `query_kl_tolerance` defaults to the compute dtype's noise floor
+            ([docs/erpo.md](erpo.md#query-kl-at-θ0-exact-scoring-query_kl_scoring)). `exact` and `shared_prompt`
+            need `data.cache_engine: transformers`.
         skip_zero_signal_steps: skip an optimizer step whose gradient is exactly 0 on every rank (no group with
             reward variance and no Query-KL or Policy-KL pull): no optimizer or LR-schedule update, so AdamW's
             momentum and weight decay do not move the policy. It still counts towards `max_steps` and consumes its
             batch; `train/zero_signal_skips` counts them.
-        monitor_policy_kl: load a frozen reference model to log Policy-KL even when its coefficient is 0.
-        nan_policy, max_consecutive_skips: `stop` raises on a non-finite loss/gradient; `skip` drops that optimizer
-            step (not counted towards `max_steps`) and stops the run after `max_consecutive_skips` in a row. Under
-            either policy the weights are checked after every optimizer step: a non-finite weight norm stops the run
-            (a step already taken cannot be dropped), and no checkpoint with non-finite weights is written.
-        dtype: `float32` | `bfloat16` for the policy weights; `float16` is refused (`modules/settings.py`).
+        monitor_policy_kl: load a frozen reference model to log Policy-KL for any algorithm, even when its
+            coefficient is 0.
+        nan_policy: `stop`: a non-finite (NaN/inf) loss or gradient raises, naming the step, before the optimizer
+            step; `skip`: that optimizer step is dropped (not counted towards `max_steps`) and counted, and the run
+            stops after `max_consecutive_skips` in a row. Under either policy the weights are checked after every
+            optimizer step: a non-finite weight norm stops the run (a step already taken cannot be dropped), and no
+            checkpoint with non-finite weights is written.
+        max_consecutive_skips: with `nan_policy: skip`, skipped optimizer steps in a row that stop the run, >= 1.
+        dtype: `float32` | `bfloat16` for the policy weights; `float16` is refused before loading: it needs loss
+            scaling, which training does not do (`modules/settings.py`).
         gradient_checkpointing: recompute each decoder layer's activations in backward (activation checkpointing).
-        fused_output_layer: the step's forwards (and the old-policy and reference ones) stop at the last hidden
-            states and the output layer runs inside the log-prob code, a chunk of positions at a time, so the
-            [rows, positions, vocabulary] logits never exist: less memory for one more output-layer matmul in
-            backward (`output_layer.py`). Llama, Mistral, Qwen2 and Qwen3 models, with a plain (not LoRA-adapted)
-            output layer; others are refused.
+        fused_output_layer: the step's forwards (with gradient, and the old-policy recompute and Policy-KL's
+            reference forward without) stop at the last hidden states and the output layer runs inside the log-prob
+            code, a chunk of positions at a time, so the [rows, positions, vocabulary] logits never exist: less
+            memory for one more output-layer matmul in backward (`scoring/output_layer.py`,
+            [docs/benchmarks.md](benchmarks.md#the-fused-output-layer-issue-52-lever-4-the-logits-never-exist)).
+            Llama, Mistral, Qwen2 and Qwen3 models with a plain output layer; a LoRA-adapted one, or another model
+            type, is refused before training.
         fsdp_mixed_precision: under `ModelParallelStrategy` (FSDP2), the dtype layers compute in (e.g. `bfloat16`)
             while the sharded weights and optimizer state keep `dtype`; gradients are reduced in float32.
-            None = compute in `dtype`. Ignored without FSDP2.
+            None = compute in `dtype`; `float16` is refused. Ignored without FSDP2 ([docs/scaling.md](scaling.md)).
         mixed_precision: `none` | `bfloat16`: every forward of the policy (and of the θ0 reference model) runs under
             `torch.autocast(bfloat16)` on its device, CPU or CUDA, while the weights (`dtype`, which must be
             float32), their gradients and the optimizer state stay float32, so an update of 1e-6 is kept. The
             reference cache is computed along the same path and records it (`data.cache_build.ComputePath`), so
             Query-KL stays exactly 0 at θ0 and a cache of another precision is rebuilt or refused. For FSDP2 use
-            `fsdp_mixed_precision` instead (setting both is refused); `float16` is refused (loss scaling).
+            `fsdp_mixed_precision` instead (setting both is refused); `float16` is refused (loss scaling)
+            ([docs/one_gpu.md](one_gpu.md)).
         tf32: let CUDA's float32 matmuls and cuDNN use TF32 (`torch.backends.cuda.matmul.allow_tf32`,
             `torch.backends.cudnn.allow_tf32`), for this process from `configure_model` on and in every policy and
-            reference forward; part of the reference cache's fingerprint. No effect on CPU.
-        peft: LoRA adapters (`r`, `alpha`, `dropout`, `target_modules`, `seed`, `adapter_path`, `checkpoint`:
-            `modules/lora.LoraSettings`) train instead of the whole policy, fresh or from an adapter folder, and
-            checkpoints may hold them alone; θ0 stays the base model (docs/lora.md). None = full fine-tuning.
+            reference forward, the backward included; part of the reference cache's fingerprint. No effect on CPU.
+        trust_remote_code: let transformers run the model repository's own modelling code when it loads the policy,
+            the reference model and a skeleton for the settings' checks (`from_pretrained(trust_remote_code=...)`);
+            only for a model whose code you trust.
+        peft: LoRA adapters (`r`, `alpha`, `dropout`, `target_modules`, `seed`; `adapter_path`: start from a peft
+            adapter folder; `checkpoint`: `full` or `adapters`-only checkpoints: `modules/lora.LoraSettings`) train
+            instead of the whole policy, fresh or from an adapter folder; θ0 stays the base model, so the reference
+            cache is the full fine-tuning one ([docs/lora.md](lora.md)). None = full fine-tuning.
     """
 
     def __init__(

@@ -240,13 +240,15 @@ def resolve_algorithm(name: str, **overrides: Any) -> Algorithm:
 
 # ----------------------------------------------------------------------------- the fields' documentation, written once
 REFERENCE_COMMAND = "python -m erpo_lightning.objectives.algorithms > docs/loss_settings.md"
-_ENTRY = re.compile(r"^    (\w+): (.*)$")  # an `Attributes:` entry of a docstring after `inspect.cleandoc`
+_ENTRY = re.compile(r"^    (\w+): (.*)$")  # an `Attributes:` / `Args:` entry of a docstring after `inspect.cleandoc`
 
 
-def attribute_docs(cls: type) -> list[tuple[str, str]]:
-    """(name, description) of each entry of the `Attributes:` section of `cls`'s own docstring, in order, with the
-    description's lines joined by single spaces."""
-    lines = inspect.cleandoc(cls.__doc__ or "").partition("Attributes:\n")[2].splitlines()
+def attribute_docs(cls: type, section: Literal["Attributes", "Args"] = "Attributes") -> list[tuple[str, str]]:
+    """(name, description) of each entry of the `section` section of `cls`'s own docstring (Google style: a dataclass's
+    fields are its `Attributes:`, a constructor's parameters its `Args:`), in order, with the description's lines
+    joined by single spaces. The section ends at its first line that is neither an entry nor an entry's
+    continuation (a blank line, or `a, b:` naming two parameters at once, which no reader splits)."""
+    lines = inspect.cleandoc(cls.__doc__ or "").partition(f"{section}:\n")[2].splitlines()
     entries: list[tuple[str, str]] = []
     for line in lines:
         entry = _ENTRY.match(line)
@@ -278,18 +280,21 @@ def loss_setting_args_doc(indent: str = "        ") -> str:
     )
 
 
-def _type_text(hint: Any) -> str:
-    """`hint` as a config author writes it: choices `a` | `b`, [float, float], null."""
+def type_text(hint: Any) -> str:
+    """`hint` as a config author writes it: choices `a` | `b`, [float, float], [str, ...], null."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_text(member) for member in typing.get_args(hint))
+        return " or ".join(type_text(member) for member in typing.get_args(hint))
     if typing.get_origin(hint) is Literal:
         return " | ".join(f"`{choice}`" for choice in typing.get_args(hint))
     if typing.get_origin(hint) is tuple:
-        return f"[{', '.join(_type_text(member) for member in typing.get_args(hint))}]"
+        return f"[{', '.join(type_text(member) for member in typing.get_args(hint))}]"
+    if typing.get_origin(hint) is list:
+        return f"[{type_text(typing.get_args(hint)[0])}, ...]"
     return "null" if hint is type(None) else f"`{hint.__name__}`"
 
 
-def _value_text(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """`value` as a config author writes it, in backticks: a string as is, else JSON (null, true, 1e-06, [0.5, 2.0])."""
     return f"`{value if isinstance(value, str) else json.dumps(value)}`"
 
 
@@ -314,13 +319,13 @@ def loss_settings_markdown() -> str:
         others: dict[str, list[str]] = {}
         for preset, algorithm in ALGORITHMS.items():
             if getattr(algorithm, name) != default:
-                others.setdefault(_value_text(getattr(algorithm, name)), []).append(f"`{preset}`")
+                others.setdefault(value_text(getattr(algorithm, name)), []).append(f"`{preset}`")
         values = "; ".join(f"{', '.join(presets)}: {value}" for value, presets in others.items())
         out += [
             "",
             f"## `{name}`",
             "",
-            f"{_type_text(hints[name])}. `erpo`: {_value_text(default)}" + (f"; {values}." if values else "."),
+            f"{type_text(hints[name])}. `erpo`: {value_text(default)}" + (f"; {values}." if values else "."),
             "",
             *textwrap.wrap(doc, 120, break_long_words=False, break_on_hyphens=False),
         ]
