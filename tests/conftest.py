@@ -1,5 +1,6 @@
-"""Shared fixtures: a tiny Qwen2 model built locally (no hub), the packaged benchmark files, and one healthy toy run;
-and how `make test` splits the suite between its two pytest-xdist workers (`pytest_collection_modifyitems`)."""
+"""Shared fixtures: a tiny Qwen2 model built locally (no hub), the packaged benchmark files, one healthy toy run and
+the scale-out runs of several processes; and how `make test` splits the suite between its two pytest-xdist workers
+(`pytest_collection_modifyitems`)."""
 
 import os
 from pathlib import Path
@@ -39,6 +40,17 @@ def healthy_toy_run(tmp_path_factory):
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return run_healthy(tmp_path_factory.mktemp("healthy_toy_run"))
     return shared_healthy_run(tmp_path_factory.getbasetemp().parent / "healthy_toy_run")
+
+
+@pytest.fixture(scope="session")
+def scaleout_runs(tmp_path_factory):
+    """`tests/scaleout_run.py`'s runs of the tiny model (seed 0) on 1 process, DDP and FSDP2, each strategy launched
+    once for every config the files of the `processes` group compare (helpers/scaleout.py, `ScaleoutRuns`), so
+    test_distributed.py, test_lora.py and test_multinode.py share them on their one worker."""
+    from helpers.scaleout import ScaleoutRuns
+
+    root = tmp_path_factory.mktemp("scaleout")
+    return ScaleoutRuns(root, save_tiny_model(root / "model", seed=0))
 
 
 # Files with a test that starts a vLLM engine or several processes over gloo: they run one after another on one

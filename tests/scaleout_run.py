@@ -1,13 +1,15 @@
 """One training run of `tests/test_distributed.py`: ERPOModule on fixed global rollout batches, under a strategy.
 
-    python tests/scaleout_run.py MODEL_DIR OUT_DIR --strategy {single,ddp,fsdp} --config {erpo,reinforce,lora}
+    python tests/scaleout_run.py MODEL_DIR OUT_DIR --strategy {single,ddp,fsdp} --config CONFIG [CONFIG ...]
         [--save-checkpoints] [--resume CHECKPOINT] [--num-nodes 2]
 
 Lightning launches the second process itself (it re-runs this script); with `--num-nodes 2`, each of two `torchrun
---nnodes 2` launchers starts one process. Every run trains on the same global batches, one per epoch; rank r of W
-takes the whole groups r, r + W, ... of each. Rank 0 writes
-`OUT_DIR/run.json` (the logged `train/` metrics of every batch, whether the policy was sharded and checkpointed its
-activations) and `OUT_DIR/weights.pt` (the final full policy state dict).
+--nnodes 2` launchers starts one process. The CONFIGs (of CONFIGS) train one after another in the same processes,
+each from the initial model with a trainer of its own (the process group is set up once: a launch costs seconds of
+imports, a tiny run a fraction of that). Every run trains on the same global batches, one per epoch; rank r of W
+takes the whole groups r, r + W, ... of each. Rank 0 writes `OUT_DIR/CONFIG/run.json` (the logged `train/` metrics of
+every batch, whether the policy was sharded and checkpointed its activations) and `OUT_DIR/CONFIG/weights.pt` (the
+final full policy state dict); `--save-checkpoints` writes `OUT_DIR/CONFIG/checkpoints`.
 """
 
 from __future__ import annotations
@@ -150,24 +152,12 @@ class RecordMetrics(Callback):
         self.records.append({"epoch": trainer.current_epoch, **metrics})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model_dir")
-    parser.add_argument("out_dir")
-    parser.add_argument("--strategy", choices=["single", "ddp", "fsdp"], required=True)
-    parser.add_argument("--config", choices=sorted(CONFIGS), required=True)
-    parser.add_argument("--save-checkpoints", action="store_true")
-    parser.add_argument("--resume")
-    parser.add_argument("--num-nodes", type=int, default=1)
-    args = parser.parse_args()
-    out_dir = Path(args.out_dir)
+def train(args: argparse.Namespace, name: str, initial: torch.nn.Module, batches: list[RolloutBatch]) -> None:
+    """Train config `name` under `args.strategy` from `args.model_dir`; rank 0 writes its files to OUT_DIR/name."""
+    out_dir = Path(args.out_dir) / name
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)
-
-    initial = load_tiny_model(args.model_dir)
-    batches = global_batches(initial)
     world_size = 1 if args.strategy == "single" else 2
-    config = dict(CONFIGS[args.config])
+    config = dict(CONFIGS[name])
     if "update_batch_size" in config:  # queries per optimizer step, per rank
         config["update_batch_size"] //= world_size
     module = ERPOModule(args.model_dir, learning_rate=1e-3, **config)
@@ -203,6 +193,24 @@ def main() -> None:
         }
         (out_dir / "run.json").write_text(json.dumps(run, indent=1))
         torch.save(weights, out_dir / "weights.pt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--strategy", choices=["single", "ddp", "fsdp"], required=True)
+    parser.add_argument("--config", choices=sorted(CONFIGS), nargs="+", required=True)
+    parser.add_argument("--save-checkpoints", action="store_true")
+    parser.add_argument("--resume")
+    parser.add_argument("--num-nodes", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    initial = load_tiny_model(args.model_dir)
+    batches = global_batches(initial)
+    for name in args.config:
+        train(args, name, initial, batches)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Scale-out: the same global rollout batches trained on 2 CPU processes (DDP, FSDP2) equal 1 process.
 
-Each run is `tests/scaleout_run.py` in a subprocess (Lightning launches the second rank itself, gloo). Compared per
+Each run is `tests/scaleout_run.py` in a subprocess (Lightning launches the second rank itself, gloo); the configs
+of one strategy train in one launch (the session's `scaleout_runs`, shared with test_lora.py and test_multinode.py),
+the resumed run in one of its own. Compared per
 batch: every logged `train/` metric (loss, PG loss, Query-KL, Policy-KL, clip fractions, weights, ...), and the final
 weights. The runs use several optimizer steps and uneven micro-batch counts per rank, active gradient clipping, and
 (second config) the batch-global REINFORCE baseline, batch-normalised weights, a sharded reference model and
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,34 +23,25 @@ from transformers import AutoModelForCausalLM
 
 from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.export.hf_model import export_checkpoint
-from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("scaleout") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def erpo_runs(model_dir, tmp_path_factory) -> dict[str, dict]:
-    root = tmp_path_factory.mktemp("erpo_runs")
-    runs = {
-        "single": train(model_dir, root / "single", "single", "erpo"),
-        "ddp": train(model_dir, root / "ddp", "ddp", "erpo"),
-        "fsdp": train(model_dir, root / "fsdp", "fsdp", "erpo", "--save-checkpoints"),
-    }
-    checkpoint = root / "fsdp" / "checkpoints" / "epoch=0.ckpt"
-    runs["resumed"] = train(model_dir, root / "resumed", "fsdp", "erpo", "--resume", str(checkpoint))
-    runs["checkpoints"] = root / "fsdp" / "checkpoints"
+def erpo_runs(scaleout_runs, tmp_path_factory) -> dict[str, dict]:
+    """The erpo config on 1 process, DDP and FSDP2 (the session's `scaleout_runs`), and the FSDP2 run resumed from
+    its first epoch's distributed checkpoint in a launch of its own (fresh processes, as a resume is)."""
+    runs = {strategy: scaleout_runs(strategy)["erpo"] for strategy in ("single", "ddp", "fsdp")}
+    runs["checkpoints"] = scaleout_runs.checkpoints("erpo")
+    resume = ["--resume", str(runs["checkpoints"] / "epoch=0.ckpt")]
+    runs["resumed"] = train(scaleout_runs.model_dir, tmp_path_factory.mktemp("resumed"), "fsdp", "erpo", *resume)
     return runs
 
 
-def test_training_moved_the_policy_and_query_kl(erpo_runs, model_dir):
+def test_training_moved_the_policy_and_query_kl(erpo_runs, scaleout_runs):
     """Guards the comparisons below against a trivial pass (nothing trained, Query-KL zero)."""
     single = erpo_runs["single"]
-    initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(scaleout_runs.model_dir).state_dict()
     assert max((single["weights"][k] - initial[k]).abs().max().item() for k in initial) > 1e-3
     assert all(record["train/query_kl"] > 1e-3 for record in single["records"])
     assert [record["train/policy_version"] for record in single["records"]] == [2.0, 4.0, 6.0]
@@ -62,19 +54,19 @@ def test_two_processes_equal_one(erpo_runs, strategy):
 
 
 @pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
-def test_the_shared_prompt_on_two_processes_equals_the_exact_step_on_one(erpo_runs, model_dir, tmp_path, strategy):
+def test_the_shared_prompt_on_two_processes_equals_the_exact_step_on_one(erpo_runs, scaleout_runs, strategy):
     """`query_kl_scoring: shared_prompt` (the responses on their prompt's keys and values, the prompt's backward last)
     trains as exact scoring does, on one process and under DDP and FSDP2, with uneven micro-batch counts per rank."""
-    shared = train(model_dir, tmp_path / strategy, strategy, "shared_prompt")
+    shared = scaleout_runs(strategy)["shared_prompt"]
     assert shared["sharded"] == (strategy == "fsdp")
     assert_same_run(erpo_runs["single"], shared)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_the_fused_output_layer_on_two_processes_equals_one_process(erpo_runs, model_dir, tmp_path, strategy):
+def test_the_fused_output_layer_on_two_processes_equals_one_process(erpo_runs, scaleout_runs, strategy):
     """`model.fused_output_layer` reads the output layer's weight after the model's forward (FSDP2 leaves the root's
     weights gathered until backward) and hands it its gradient: DDP and FSDP2 train as one unfused process does."""
-    fused = train(model_dir, tmp_path / strategy, strategy, "fused_output")
+    fused = scaleout_runs(strategy)["fused_output"]
     assert fused["sharded"] == (strategy == "fsdp")
     assert_same_run(erpo_runs["single"], fused)
 
@@ -87,16 +79,17 @@ def test_resume_from_fsdp2_checkpoint_continues_identically(erpo_runs):
     assert_same_run(erpo_runs["fsdp"], resumed, weight_tolerance=0.0)
 
 
-def test_export_hugging_face_directory_from_shards(erpo_runs, model_dir, tmp_path):
-    exported = export_checkpoint(erpo_runs["checkpoints"] / "epoch=2.ckpt", tmp_path / "hf", str(model_dir))
+def test_export_hugging_face_directory_from_shards(erpo_runs, scaleout_runs, tmp_path):
+    checkpoint = erpo_runs["checkpoints"] / "epoch=2.ckpt"
+    exported = export_checkpoint(checkpoint, tmp_path / "hf", str(scaleout_runs.model_dir))
     state = AutoModelForCausalLM.from_pretrained(exported).state_dict()
     assert state.keys() == erpo_runs["fsdp"]["weights"].keys()
     for name, tensor in erpo_runs["fsdp"]["weights"].items():
         assert torch.equal(state[name], tensor), name
 
 
-def test_validate_reads_a_sharded_checkpoint_in_one_process(erpo_runs, model_dir, tmp_path):
-    policy = AutoModelForCausalLM.from_pretrained(model_dir)
+def test_validate_reads_a_sharded_checkpoint_in_one_process(erpo_runs, scaleout_runs, tmp_path):
+    policy = AutoModelForCausalLM.from_pretrained(scaleout_runs.model_dir)
     load_policy_weights(policy, str(erpo_runs["checkpoints"] / "epoch=2.ckpt"))
     for name, tensor in policy.state_dict().items():
         assert torch.equal(tensor, erpo_runs["fsdp"]["weights"][name]), name
@@ -112,17 +105,10 @@ def test_validate_reads_a_sharded_checkpoint_in_one_process(erpo_runs, model_dir
         load_policy_weights(policy, str(tmp_path / "empty"))
 
 
-@pytest.fixture(scope="module")
-def reinforce_single(model_dir, tmp_path_factory) -> dict:
-    return train(model_dir, tmp_path_factory.mktemp("reinforce_single"), "single", "reinforce")
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_global_baseline_weights_and_reference_model_equal_one_process(
-    model_dir, tmp_path_factory, reinforce_single, strategy
-):
-    single = reinforce_single
-    distributed = train(model_dir, tmp_path_factory.mktemp("reinforce"), strategy, "reinforce")
+def test_global_baseline_weights_and_reference_model_equal_one_process(scaleout_runs, strategy):
+    single = scaleout_runs("single")["reinforce"]
+    distributed = scaleout_runs(strategy)["reinforce"]
     assert distributed["activation_checkpointing"] and distributed["sharded"] == (strategy == "fsdp")
     assert all(record["train/policy_kl"] > 0 for record in single["records"])
     assert_same_run(single, distributed)

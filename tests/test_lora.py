@@ -19,7 +19,7 @@ from helpers.cli_runs import fails_in_one_line, tiny_config
 from helpers.docs import example
 from helpers.fit_configs import csv_logger, fit_config, run_erpo, write_config
 from helpers.resume_runs import resumed_equals_full_run, run_main
-from helpers.scaleout import assert_same_run, train
+from helpers.scaleout import assert_same_run
 from helpers.trl_setup import make_trainer, requires_trl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -338,17 +338,16 @@ def test_resume_continues_identically_with_adapters(tiny_model_path, benchmarks_
 
 
 @pytest.mark.distributed
-def test_ddp_and_fsdp2_train_the_adapters_as_one_process(tmp_path):
-    model_dir = save_tiny_model(tmp_path / "model", seed=0)
-    single = train(model_dir, tmp_path / "single", "single", "lora")
+def test_ddp_and_fsdp2_train_the_adapters_as_one_process(scaleout_runs):
+    single = scaleout_runs("single")["lora"]
     assert single["activation_checkpointing"]
-    initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(scaleout_runs.model_dir).state_dict()
     weights = single["weights"]
     assert all(torch.equal(weights[n], initial[base_name(n)]) for n in weights if not is_adapter(n))
     assert any(weights[n].abs().max() > 1e-3 for n in weights if ".lora_B." in n)
     assert all(record["train/query_kl"] > 1e-3 for record in single["records"])
     for strategy in ("ddp", "fsdp"):
-        distributed = train(model_dir, tmp_path / strategy, strategy, "lora")
+        distributed = scaleout_runs(strategy)["lora"]
         assert distributed["sharded"] == (strategy == "fsdp")
         assert_same_run(single, distributed)
 

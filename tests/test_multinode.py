@@ -23,13 +23,12 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from helpers.fit_configs import ERPO, csv_logger, fit_config, write_config
-from helpers.scaleout import METRIC_TOLERANCE, SCRIPT, WEIGHT_TOLERANCE, assert_same_run, read_run, run_commands, train
+from helpers.scaleout import METRIC_TOLERANCE, SCRIPT, WEIGHT_TOLERANCE, assert_same_run, read_run, run_commands
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.checkpoints.policy_weights import load_policy_weights
 from erpo_lightning.toy import SHIPPED_DIR
-from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
 pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
 
@@ -185,13 +184,12 @@ def test_erpo_cache_on_two_ranks_equals_the_cache_fit_builds_on_two_nodes(toy_ru
         assert torch.equal(built[name], tensor), name
 
 
-def test_scaleout_run_on_two_torchrun_nodes_equals_one_process(tmp_path):
-    model_dir = save_tiny_model(tmp_path / "model", seed=0)
-    single = train(model_dir, tmp_path / "single", "single", "erpo")
-    command = [sys.executable, str(SCRIPT), str(model_dir), str(tmp_path / "nodes"), "--strategy", "fsdp",
-               "--config", "erpo", "--num-nodes", "2"]  # fmt: skip
+def test_scaleout_run_on_two_torchrun_nodes_equals_one_process(scaleout_runs, tmp_path):
+    single = scaleout_runs("single")["erpo"]
+    command = [sys.executable, str(SCRIPT), str(scaleout_runs.model_dir), str(tmp_path / "nodes"), "--strategy",
+               "fsdp", "--config", "erpo", "--num-nodes", "2"]  # fmt: skip
     launcher = torchrun_node(*command[1:])
     run_commands((launcher, {}), (launcher, {}))
-    nodes = read_run(tmp_path / "nodes")
+    nodes = read_run(tmp_path / "nodes" / "erpo")
     assert nodes["sharded"]
     assert_same_run(single, nodes)

@@ -59,11 +59,17 @@ def run_command(command: list[str], **popen_kwargs) -> None:
     run_commands((command, popen_kwargs))
 
 
-def train(model_dir: Path, out_dir: Path, strategy: str, config: str, *extra: str) -> dict:
-    """Run the script; returns {"records", "sharded", "activation_checkpointing", "weights"} of rank 0."""
-    command = [sys.executable, str(SCRIPT), str(model_dir), str(out_dir), "--strategy", strategy, "--config", config]
+def train_each(model_dir: Path, out_dir: Path, strategy: str, configs: list[str], *extra: str) -> dict[str, dict]:
+    """Run the script once for all `configs` (one after another in the same processes); returns per config what
+    rank 0 wrote: {"records", "sharded", "activation_checkpointing", "weights"}."""
+    command = [sys.executable, str(SCRIPT), str(model_dir), str(out_dir), "--strategy", strategy, "--config", *configs]
     run_command([*command, *extra])
-    return read_run(out_dir)
+    return {config: read_run(out_dir / config) for config in configs}
+
+
+def train(model_dir: Path, out_dir: Path, strategy: str, config: str, *extra: str) -> dict:
+    """Run the script for one config; returns rank 0's {"records", "sharded", "activation_checkpointing", "weights"}."""
+    return train_each(model_dir, out_dir, strategy, [config], *extra)[config]
 
 
 def read_run(out_dir: Path) -> dict:
@@ -83,3 +89,37 @@ def assert_same_run(expected: dict, actual: dict, weight_tolerance: float = WEIG
             assert value == pytest.approx(reference[name], **METRIC_TOLERANCE), f"{name} at epoch {record['epoch']}"
     for name, tensor in expected["weights"].items():
         torch.testing.assert_close(actual["weights"][name], tensor, atol=weight_tolerance, rtol=0, msg=name)
+
+
+# The configs each strategy trains for the test files (the `scaleout_runs` fixture): test_distributed.py compares
+# erpo, shared_prompt, fused_output and reinforce across strategies, test_lora.py lora, test_multinode.py erpo on one
+# process. fused_output is compared with the unfused single run, so one process does not train it.
+SHARED_CONFIGS = {
+    "single": ["erpo", "shared_prompt", "reinforce", "lora"],
+    "ddp": ["erpo", "shared_prompt", "fused_output", "reinforce", "lora"],
+    "fsdp": ["erpo", "shared_prompt", "fused_output", "reinforce", "lora"],
+}
+
+
+class ScaleoutRuns:
+    """The `scaleout_run.py` runs that test_distributed.py, test_lora.py and test_multinode.py read, one launch per
+    strategy (SHARED_CONFIGS, in one processes' lifetime: a launch is seconds of imports per rank, each tiny run a
+    fraction of that), started when a test first asks for its strategy and kept for the session. The FSDP2 launch
+    saves its checkpoints (the resume and export tests read erpo's). `runs(strategy)[config]` is what `train`
+    returns."""
+
+    def __init__(self, root: Path, model_dir: Path) -> None:
+        self.root, self.model_dir, self._runs = root, model_dir, {}
+
+    def __call__(self, strategy: str) -> dict[str, dict]:
+        if strategy not in self._runs:
+            extra = ["--save-checkpoints"] if strategy == "fsdp" else []
+            self._runs[strategy] = train_each(
+                self.model_dir, self.root / strategy, strategy, SHARED_CONFIGS[strategy], *extra
+            )
+        return self._runs[strategy]
+
+    def checkpoints(self, config: str) -> Path:
+        """The end-of-epoch checkpoints (`epoch=0.ckpt`, ...) of `config`'s FSDP2 run."""
+        self("fsdp")
+        return self.root / "fsdp" / config / "checkpoints"
