@@ -4,9 +4,11 @@ start) keeps the finished chunks, writes nothing partial, releases the run's loc
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -34,27 +36,67 @@ class SignalAt(pl.Callback):
             os.kill(os.getpid(), getattr(signal, self.signal_name))
 
 
+@dataclass
+class PreemptedRun:
+    """A 4-step run stopped by SIGTERM at its 2nd step, resumed to the end, and the same run uninterrupted."""
+
+    full_steps: list  # the uninterrupted run's steps (helpers.resume_runs.run) and final weights
+    full_weights: dict
+    stopped: Exception | None  # what the preempted run raised
+    handler_before: object  # SIGTERM's handler before the preempted run, and after it
+    handler_after: object
+    last: Path  # the preempted run's last.ckpt, as it left it: its global step
+    last_step: int
+    resumed_steps: list  # the run resumed from `last`: its steps and final weights
+    resumed_weights: dict
+    logs: dict  # {"full", "preempted", "resumed"}: each run's CSVLogger version folder
+
+
+@pytest.fixture(scope="module")
+def preempted_run(tiny_model_path, benchmarks_dir, tmp_path_factory) -> PreemptedRun:
+    """Shared by the two tests of a fit, a SIGTERM and a resume (one set of three runs instead of one per test): the
+    full and resumed runs log every step; the preempted one keeps `log_every_n_steps` at 50, which alone would not log
+    the step it stops at."""
+    data_file, root = benchmarks_dir / "gsm8k.jsonl", tmp_path_factory.mktemp("preempted")
+    full_log, part_log = CSVLogger(root / "full"), CSVLogger(root / "part")
+    full_steps, full_weights = run(tiny_model_path, data_file, root / "full", 4, logger=full_log, log_every_n_steps=1)
+    last = root / "part" / "ckpt" / "last.ckpt"
+    handler, stopped = signal.getsignal(signal.SIGTERM), None
+    try:
+        run(tiny_model_path, data_file, root / "part", 4, extra_callbacks=[SignalAt(2)], logger=part_log)
+    except Preempted as error:
+        stopped = error
+    handler_after = signal.getsignal(signal.SIGTERM)
+    last_step = torch.load(last, weights_only=False)["global_step"]
+    resumed_log = CSVLogger(root / "part")  # the next version folder
+    resumed_steps, resumed_weights = run(
+        tiny_model_path, data_file, root / "part", 4, ckpt_path=last, logger=resumed_log, log_every_n_steps=1
+    )
+    logs = {"full": full_log, "preempted": part_log, "resumed": resumed_log}
+    return PreemptedRun(
+        full_steps, full_weights, stopped, handler, handler_after, last, last_step, resumed_steps, resumed_weights,
+        {name: Path(log.log_dir) for name, log in logs.items()},
+    )  # fmt: skip
+
+
 @pytest.mark.slow  # end-to-end: a fit, a SIGTERM and a resume
-def test_sigterm_saves_the_step_in_progress_and_resuming_from_it_is_exact(tiny_model_path, benchmarks_dir, tmp_path):
-    data_file = benchmarks_dir / "gsm8k.jsonl"
-    full_steps, full_weights = run(tiny_model_path, data_file, tmp_path / "full", 4)
-    last = tmp_path / "part" / "ckpt" / "last.ckpt"
-    handler = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Preempted, match=f"preempted by SIGTERM: saved global step 2 to {last};") as stopped:
-        run(tiny_model_path, data_file, tmp_path / "part", 4, extra_callbacks=[SignalAt(2)])
-    assert stopped.value.exit_status == 128 + signal.SIGTERM
-    assert signal.getsignal(signal.SIGTERM) == handler  # put back after the run
-    assert torch.load(last, weights_only=False)["global_step"] == 2  # the step that was running when it came
-    resumed_steps, resumed_weights = run(tiny_model_path, data_file, tmp_path / "part", 4, ckpt_path=last)
-    assert [s[0] for s in resumed_steps] == [3, 4]
+def test_sigterm_saves_the_step_in_progress_and_resuming_from_it_is_exact(preempted_run):
+    runs = preempted_run
+    assert isinstance(runs.stopped, Preempted)
+    expected = f"preempted by SIGTERM: saved global step 2 to {re.escape(str(runs.last))};"
+    assert re.search(expected, str(runs.stopped)), runs.stopped
+    assert runs.stopped.exit_status == 128 + signal.SIGTERM
+    assert runs.handler_after == runs.handler_before  # put back after the run
+    assert runs.last_step == 2  # the step that was running when it came
+    assert [s[0] for s in runs.resumed_steps] == [3, 4]
     for (step, queries, rows, metrics), (r_step, r_queries, r_rows, r_metrics) in zip(
-        full_steps[2:], resumed_steps, strict=True
+        runs.full_steps[2:], runs.resumed_steps, strict=True
     ):
         assert (step, queries, rows) == (r_step, r_queries, r_rows)
         for name in LOGGED:
             assert abs(metrics[name] - r_metrics[name]) < 1e-6, (step, name, metrics[name], r_metrics[name])
-    for key in full_weights:
-        torch.testing.assert_close(resumed_weights[key], full_weights[key], atol=1e-6, rtol=0)
+    for key in runs.full_weights:
+        torch.testing.assert_close(runs.resumed_weights[key], runs.full_weights[key], atol=1e-6, rtol=0)
 
 
 def logged_rows(log_dir) -> dict[int, dict[str, float]]:
@@ -67,18 +109,10 @@ def logged_rows(log_dir) -> dict[int, dict[str, float]]:
 
 
 @pytest.mark.slow  # end-to-end: a fit, a SIGTERM and a resume
-def test_the_preempted_steps_metrics_are_logged_once(tiny_model_path, benchmarks_dir, tmp_path):
+def test_the_preempted_steps_metrics_are_logged_once(preempted_run):
     """The preempted step's row reaches metrics.csv before the run stops, though `log_every_n_steps` (50) would not
     log it; the resumed run logs the steps after it, with the uninterrupted run's values."""
-    data_file = benchmarks_dir / "gsm8k.jsonl"
-    full_log, part_log = CSVLogger(tmp_path / "full"), CSVLogger(tmp_path / "part")
-    run(tiny_model_path, data_file, tmp_path / "full", 4, logger=full_log, log_every_n_steps=1)
-    with pytest.raises(Preempted):
-        run(tiny_model_path, data_file, tmp_path / "part", 4, extra_callbacks=[SignalAt(2)], logger=part_log)
-    last = tmp_path / "part" / "ckpt" / "last.ckpt"
-    resumed_log = CSVLogger(tmp_path / "part")  # the next version folder
-    run(tiny_model_path, data_file, tmp_path / "part", 4, ckpt_path=last, logger=resumed_log, log_every_n_steps=1)
-    full, preempted, resumed = (logged_rows(Path(log.log_dir)) for log in (full_log, part_log, resumed_log))
+    full, preempted, resumed = (logged_rows(preempted_run.logs[name]) for name in ("full", "preempted", "resumed"))
     assert sorted(full) == [0, 1, 2, 3]
     assert sorted(preempted) == [1] and sorted(resumed) == [2, 3]  # step 1 (the 2nd) in the first log only
     for step, values in {**preempted, **resumed}.items():
