@@ -234,12 +234,12 @@ def test_adapters_only_checkpoints_are_refused_under_fsdp2():
     assert module.policy is None  # refused before the model loads
 
 
-@pytest.mark.slow  # trains the tiny Qwen2 4 steps, then 2, stops and resumes for 2 more, in this process
+@pytest.mark.slow  # trains the tiny Qwen2 4 steps and resumes from its step-2 checkpoint for 2 more, in this process
 def test_resume_from_an_adapters_only_checkpoint_is_exact(tiny_model_path, benchmarks_dir, tmp_path):
     lora = {"peft": LoraSettings(r=4, alpha=8, checkpoint="adapters")}
     weights = resumed_equals_full_run(tiny_model_path, benchmarks_dir / "gsm8k.jsonl", tmp_path, module_kwargs=lora)
     assert any(value.abs().max() > 0 for name, value in weights.items() if ".lora_B." in name)  # they trained
-    resumed_from = torch.load(tmp_path / "part" / "ckpt" / "step=2.ckpt", weights_only=True)
+    resumed_from = torch.load(tmp_path / "full" / "ckpt" / "step=2.ckpt", weights_only=True)
     assert resumed_from["state_dict"] and all(is_adapter(name) for name in resumed_from["state_dict"])
     assert resumed_from[ADAPTERS_ONLY_KEY]["base_weights_hash"] == weights_hash(tiny_model_path)
 

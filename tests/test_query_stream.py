@@ -94,8 +94,8 @@ def test_refills_take_the_next_unused_queries_and_resume_identically(tiny_model_
     drawn = [query for _, generated, _, _ in full for query in generated]
     assert drawn == [ids[i] for i in order[: len(drawn)]]
 
-    run(tiny_model_path, data_file, tmp_path / "part", max_steps=3)
-    resumed, _ = run(tiny_model_path, data_file, tmp_path / "part", STEPS, tmp_path / "part" / "ckpt" / "step=3.ckpt")
+    checkpoint = tmp_path / "full" / "ckpt" / "step=3.ckpt"  # the full run's: as a run stopped at step 3 writes it
+    resumed, _ = run(tiny_model_path, data_file, tmp_path / "resumed", STEPS, checkpoint)
     assert [step for step, *_ in resumed] == [4, 5, 6]
     assert resumed == full[3:]  # same refills, same trained queries, same sampled responses
 
@@ -114,9 +114,8 @@ def test_each_epoch_reshuffles_and_a_resume_across_epochs_continues_identically(
     assert drawn[:8] == [ids[i] for i in first[:8]]
     assert drawn[8:10] in ([ids[i] for i in second[:2]], [ids[first[8]], ids[second[0]]])  # a new order
 
-    run(tiny_model_path, data_file, tmp_path / "part", max_steps=5, num_queries=9)
-    checkpoint = tmp_path / "part" / "ckpt" / "step=5.ckpt"
-    resumed, _ = run(tiny_model_path, data_file, tmp_path / "part", 8, checkpoint, num_queries=9)
+    checkpoint = tmp_path / "full" / "ckpt" / "step=5.ckpt"  # the full run's: as a run stopped at step 5 writes it
+    resumed, _ = run(tiny_model_path, data_file, tmp_path / "resumed", 8, checkpoint, num_queries=9)
     assert resumed == full[5:]
 
 

@@ -60,14 +60,14 @@ def run(
 
 
 def resumed_equals_full_run(model_path, data_file, root, rollout_seed=0, module_kwargs=None) -> dict:
-    """Train 4 steps, and 2 steps then resumed from the step-2 checkpoint to step 4; assert the resumed steps are the
-    full run's last two (data position, sampled rows, logged metrics within 1e-6) and the final weights agree within
-    1e-6. Returns the full run's final weights."""
+    """Train 4 steps, and resume from that run's step-2 checkpoint (`root/full/ckpt/step=2.ckpt`, written at the point
+    a run stopped after step 2 writes it; no second run to step 2) to step 4 under `root/resumed`; assert the resumed
+    steps are the full run's last two (data position, sampled rows, logged metrics within 1e-6) and the final weights
+    agree within 1e-6. Returns the full run's final weights."""
     settings = dict(rollout_seed=rollout_seed, module_kwargs=module_kwargs)
     full_steps, full_weights = run(model_path, data_file, root / "full", 4, **settings)
-    run(model_path, data_file, root / "part", max_steps=2, **settings)
-    checkpoint = root / "part" / "ckpt" / "step=2.ckpt"
-    resumed_steps, resumed_weights = run(model_path, data_file, root / "part", 4, ckpt_path=checkpoint, **settings)
+    checkpoint = root / "full" / "ckpt" / "step=2.ckpt"
+    resumed_steps, resumed_weights = run(model_path, data_file, root / "resumed", 4, ckpt_path=checkpoint, **settings)
     assert [s[0] for s in resumed_steps] == [3, 4]
     for (step, queries, rows, metrics), (r_step, r_queries, r_rows, r_metrics) in zip(
         full_steps[2:], resumed_steps, strict=True
