@@ -1,8 +1,9 @@
-"""The package's imports (docs/architecture.md, "Layers"): no loop, at any depth; imports point up (only the CLI
-imports the callbacks, nothing imports the CLI); nothing of the repository's studies or benches; a root of at most
-three modules and folders that each say what they are for."""
+"""The package's imports (docs/architecture.md, "Layers"): no loop, at any depth; imports point up (the Layers table's
+order; only the CLI imports the callbacks, nothing imports the CLI); nothing of the repository's studies or benches;
+a root of at most three modules and folders that each say what they are for."""
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -82,3 +83,27 @@ def test_the_layer_table_names_every_module():
         and not any(f"`{folder}/`" in table for folder in Path(path).parent.parts[1:2] if folder in WHOLE_FOLDERS)
     ]
     assert unnamed == [], f"docs/architecture.md's Layers table does not name {unnamed}"
+
+
+def test_each_layer_imports_only_from_its_row_and_the_rows_above():
+    """The Layers table's order is the import order: a folder (or root module) imports its own row's and the rows
+    above it, never a row below."""
+    rows = [line.split("|")[2] for line in layers_section().splitlines() if line.startswith("| ") and "`" in line]
+    row_of = {part: row for row, cell in enumerate(rows) for part in re.findall(r"`([\w.]+)/?`", cell)}
+    assert len(row_of) >= 17
+
+    def place(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if (PACKAGE / parts[1]).is_dir() else f"{parts[1]}.py"
+
+    graph = import_graph()
+    unplaced = sorted({place(module) for module in graph if module != "erpo_lightning"} - row_of.keys())
+    assert unplaced == [], f"the Layers table has no row for {unplaced}"
+    downward = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module != "erpo_lightning"
+        for target in targets
+        if row_of[place(target)] > row_of[place(module)]
+    )
+    assert downward == [], f"imports of a row below: {downward}"
