@@ -29,7 +29,7 @@ import torch
 from interleave import alternating
 
 from erpo_lightning.data import QueryDataModule, compute_reference_logprobs, load_reference_model
-from erpo_lightning.data.reference_logprobs import batch_query_logprobs, plan_batches, plan_chunks, right_padded
+from erpo_lightning.data.reference_logprobs import batch_query_logprobs, plan_batches, plan_chunks
 from erpo_lightning.data.sources import BENCHMARK_DIR
 from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 
@@ -49,6 +49,14 @@ def timed_interleaved(methods: dict, device: torch.device, repeats: int) -> dict
         synchronize(device)
         best[name] = min(best[name], time.perf_counter() - start)
     return best
+
+
+def right_padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """`rows` of token ids as one [len(rows), longest] tensor on `device`, right-padded with id 0."""
+    padded = torch.zeros(len(rows), max(len(row) for row in rows), dtype=torch.long)
+    for index, row in enumerate(rows):
+        padded[index, : len(row)] = torch.as_tensor(row)
+    return padded.to(device)
 
 
 @torch.no_grad()
