@@ -113,3 +113,41 @@ def test_leave_one_seed_out_errors_favour_the_signal_that_carries_the_drawdown()
     errors = leave_one_seed_out_errors(runs)
     assert errors["query_kl"] == pytest.approx([0.0] * 6, abs=1e-9)  # drawdown is exactly linear in it
     assert all(min(errors[s][i] for s in ("policy_kl", "train", "step")) > 1.0 for i in range(6))
+
+
+def pilot_inputs(tmp_path: Path):
+    """The committed pilot runs as a report's inputs (written under `tmp_path`)."""
+    from studies.engine.definition import ReportInputs
+    from studies.engine.runs import load_runs
+
+    records = load_runs(REPO / pilot.OUT, ["grpo", "erpo"], "good-lr pilot")
+    assert len(records) == 2 * len(pilot.PILOT_SEEDS)
+    settings = study.settings(pilot.PILOT_STEPS, pilot.PILOT_SEEDS)
+    description = {"methods": study.CORE_ARMS}
+    command = "python -m studies.good_lr.pilot"
+    return ReportInputs(records, settings, tmp_path / "report.md", command, 0.0, 1, description, study.BASE_CONFIG)
+
+
+def test_the_committed_pilot_recomputes_to_its_decision_and_sets_the_length(tmp_path):
+    """pilot.json is what `decide` makes of the committed pilot runs, and STEPS is its choice."""
+    from helpers.recomputed import assert_recomputes
+
+    committed = json.loads((REPO / pilot.OUT / "pilot.json").read_text())
+    recomputed = json.loads(json.dumps(pilot.decide(pilot_inputs(tmp_path))))  # the JSON round trip pilot.json took
+    assert recomputed["chosen"] == committed["chosen"] and study.STEPS == committed["chosen"]["steps"]
+    assert_recomputes(recomputed["drawdown"], committed["drawdown"])
+    assert set(committed["drawdown"]) == {str(seed) for seed in pilot.PILOT_SEEDS}
+
+
+def test_the_core_report_writes_from_real_runs(tmp_path):
+    """The core report's whole path on the pilot's runs (validation sweeps, per-problem counts, the monitor's rows):
+    every claim gets a verdict word and every accuracy claim its seed-and-problem interval."""
+    from studies.good_lr.report import good_lr_report
+
+    results = good_lr_report(pilot_inputs(tmp_path))
+    assert [result["key"] for result in results] == [claim.key for claim in study.CORE_CLAIMS]
+    accuracy = [result for result in results if result["quantity"] != study.MONITOR_ERROR]
+    assert all(len(result.get("seed_problem_interval", [])) == 2 for result in accuracy if result["verdict"] != "n/a")
+    text = (tmp_path / "report.md").read_text()
+    assert "## Beyond these 200 problems" in text and "Validation set, Avg@4 at T = 1.0" in text
+    assert (tmp_path / "report_claims.json").is_file() and (tmp_path / "report_trajectories.png").is_file()
