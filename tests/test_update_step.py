@@ -15,11 +15,13 @@ from erpo_lightning.objectives.algorithms import AlgorithmName, resolve_algorith
 from erpo_lightning.scoring.logprobs import response_logprobs
 from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 from erpo_lightning.update import (
+    StepInputs,
     accumulate_gradients,
     full_logits_forward,
     micro_batch_loss,
     micro_batch_rows,
     micro_batches,
+    rank_aligned_micro_batches,
     response_logits_forward,
     rollout_loss_rows,
     step_normalizers,
@@ -49,10 +51,8 @@ def step_gradients(model, algorithm, batch, reference, max_tokens, reference_pol
     micros = (
         (rollout_loss_rows(micro, batch.max_new_tokens or 4), True) for _, micro in micro_batches(batch, max_tokens)
     )
-    stats = accumulate_gradients(
-        model, rows, micros, batch.group_size, algorithm, normalizers, lambda share: share.backward(), reference,
-        lambda count: count, reference_policy,
-    )  # fmt: skip
+    inputs = StepInputs(algorithm, normalizers, batch.group_size, reference)
+    stats = accumulate_gradients(model, rows, micros, inputs, lambda share: share.backward(), reference_policy)
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}, stats.loss
 
 
@@ -102,9 +102,10 @@ def test_a_token_the_engine_has_no_logprob_for_weighs_one_under_the_rollout_corr
         )[0, 0]
         missing = shifted.clone()
         missing[0, 0] = float("nan")
-        with_nan, _ = micro_batch_loss(model, replace(own, sampling_logprobs=missing), algorithm, normalizers)
-        with_own, _ = micro_batch_loss(model, replace(own, sampling_logprobs=policy_logprobs), algorithm, normalizers)
-        without_fix, _ = micro_batch_loss(model, replace(own, sampling_logprobs=shifted), algorithm, normalizers)
+        inputs = StepInputs(algorithm, normalizers, batch.group_size)
+        with_nan, _ = micro_batch_loss(model, replace(own, sampling_logprobs=missing), inputs)
+        with_own, _ = micro_batch_loss(model, replace(own, sampling_logprobs=policy_logprobs), inputs)
+        without_fix, _ = micro_batch_loss(model, replace(own, sampling_logprobs=shifted), inputs)
     assert torch.isfinite(with_nan)
     torch.testing.assert_close(with_nan, with_own)
     assert with_nan != without_fix  # the token's weight did change
@@ -168,3 +169,34 @@ def test_old_logprobs_recomputed_over_sorted_micro_batches_land_on_their_rows(ti
         )
     mask = batch.response_mask.bool()
     torch.testing.assert_close(recomputed[mask], whole[mask])
+
+
+def test_every_rank_runs_as_many_micro_batches_with_fillers_of_weight_zero():
+    """`rank_aligned_micro_batches`: this rank's micro-batches hold each row once; when another rank has more, the
+    rest are one-row fillers marked by rows None, up to the largest count the collective returns."""
+    responses = [[30], [31, 32, 33, 34], [40, 41, 42], [43, 44]]
+    batch = make_rollout(PROMPTS, responses, [1.0, 0.0, 0.0, 1.0], 0.8, pad_token_id=PAD)
+    own = len(micro_batch_rows(batch.attention_mask.sum(-1), 12))
+    seen = []
+    pairs = list(rank_aligned_micro_batches(batch, 12, lambda count: seen.append(count) or count + 2))
+    assert seen == [own] and len(pairs) == own + 2
+    real = [rows for _, rows in pairs if rows is not None]
+    assert sorted(torch.cat(real).tolist()) == list(range(batch.num_rows))
+    assert [rows for _, rows in pairs[own:]] == [None, None]
+    assert all(micro.num_rows == 1 for micro, _ in pairs[own:])
+
+
+def test_loss_rows_are_built_by_keyword_everywhere():
+    """A field added to `LossRows` cannot shift another: no call in the package builds it with positional
+    arguments (read with ast)."""
+    import ast
+
+    calls, positional = 0, []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "LossRows":
+                calls += 1
+                if node.args:
+                    positional.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert calls >= 2  # the module's rows and the TRL trainer's
+    assert not positional, positional

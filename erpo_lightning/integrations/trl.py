@@ -52,7 +52,7 @@ from erpo_lightning.modules.lora import peft_config_problem
 from erpo_lightning.modules.settings import QueryKLScoring
 from erpo_lightning.objectives.algorithms import Algorithm
 from erpo_lightning.scoring.logprobs import position_ids_from_mask
-from erpo_lightning.update import LossRows, micro_batch_loss, query_pass_term, step_query_weights
+from erpo_lightning.update import LossRows, StepInputs, micro_batch_loss, query_pass_term, step_query_weights
 
 __all__ = ["ERPOTrainer", "QueryKLCallback"]
 
@@ -307,27 +307,37 @@ class ERPOTrainer(GRPOTrainer):
             )
         exact = self.query_kl_scoring == "exact"
         rows = LossRows(
-            torch.cat([prompt_ids, inputs["completion_ids"]], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
-            prompt_ids.shape[1], 1.0, completion_mask, inputs["advantages"], inputs["erpo_is_leader"],
-            inputs["erpo_cache_rows"], inputs.get("old_per_token_logps"), sampling,
-            inputs.get("erpo_query_weights"), None if exact else inputs["erpo_ref_query_logprobs"],
-            self.max_completion_length,
-        )  # fmt: skip
+            input_ids=torch.cat([prompt_ids, inputs["completion_ids"]], dim=1),
+            attention_mask=torch.cat([prompt_mask, completion_mask], dim=1),
+            prompt_length=prompt_ids.shape[1],
+            temperature=1.0,
+            response_mask=completion_mask,
+            advantages=inputs["advantages"],
+            is_group_leader=inputs["erpo_is_leader"],
+            query_index=inputs["erpo_cache_rows"],
+            old_logprobs=inputs.get("old_per_token_logps"),
+            sampling_logprobs=sampling,
+            query_weights=inputs.get("erpo_query_weights"),
+            reference_query_logprobs=None if exact else inputs["erpo_ref_query_logprobs"],
+            constant=self.max_completion_length,
+        )
         normalizers = {
             name: inputs[f"erpo_count_{name}"] for name in ("tokens", "sequences", "queries", "query_tokens")
         }
-        term, drift = None, None
-        if exact:
-            group = self.num_generations if self.model.training else self.num_generations_eval
-            with self.accelerator.autocast():  # the cache's dtype: it was scored under the same autocast
-                term, drift = query_pass_term(
-                    model, rows, group, self.reference_cache, self.algorithm, normalizers, None,
-                    lambda count: int(self.accelerator.reduce(torch.tensor(count, device=prompt_ids.device), "max")),
-                )  # fmt: skip
         control = obj.EntropyControl.of(replace(self.algorithm, entropy_coef=self.entropy_coef))
         control.last_entropy = self._last_world_entropy
-        algorithm = replace(self.algorithm, entropy_coef=control.applied)  # the bonus's coefficient this step
-        loss, stats = micro_batch_loss(model, rows, algorithm, normalizers, forward=self._fused_forward)
+        step = StepInputs(
+            replace(self.algorithm, entropy_coef=control.applied),  # the bonus's coefficient this step
+            normalizers,
+            self.num_generations if self.model.training else self.num_generations_eval,
+            self.reference_cache if exact else None,
+            lambda count: int(self.accelerator.reduce(torch.tensor(count, device=prompt_ids.device), "max")),
+        )
+        term, drift = None, None
+        if exact:
+            with self.accelerator.autocast():  # the cache's dtype: it was scored under the same autocast
+                term, drift = query_pass_term(model, rows, step)
+        loss, stats = micro_batch_loss(model, rows, step, forward=self._fused_forward)
         if exact:
             loss, stats = loss + term, replace(stats, query_drift=drift)
         if self.algorithm.entropy_target is not None and self.model.training:

@@ -1,19 +1,16 @@
 """What makes a run on W ranks compute what one process computes on the same global batch.
 
-Each function takes the Lightning `trainer` (None or one rank: no communication).
+Each function takes the Lightning `trainer` (None or one rank: no communication). The update (`update/`) receives
+these collectives as functions and aligns its micro-batches over ranks itself (`update.rank_aligned_micro_batches`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import lightning as L
 import torch
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.rollout.batch import RolloutBatch
-from erpo_lightning.update.microbatch import micro_batches
 
 
 def _single_process(trainer: L.Trainer | None) -> bool:
@@ -28,20 +25,6 @@ def all_reduce(
     if _single_process(trainer):
         return value
     return trainer.strategy.reduce(value, reduce_op=reduce_op)
-
-
-def rank_aligned_micro_batches(
-    trainer: L.Trainer | None, batch: RolloutBatch, max_tokens: int, device: torch.device
-) -> Iterator[tuple[RolloutBatch, torch.Tensor | None]]:
-    """(micro-batch, its row indices into `batch`) pairs: `batch`'s micro-batches, then one-row fillers (rows None)
-    until every rank has yielded as many. Under DDP and FSDP every forward/backward runs collectives, so the counts
-    must agree.
-    """
-    micros = list(micro_batches(batch, max_tokens))
-    count = int(all_reduce(trainer, len(micros), "max", device))
-    yield from ((micro, rows) for rows, micro in micros)
-    filler = micros[0][1].select_rows(torch.arange(1))
-    yield from ((filler, None) for _ in range(count - len(micros)))
 
 
 def global_advantages(

@@ -28,7 +28,7 @@ from erpo_lightning.common.memory import release_free_heap
 from erpo_lightning.data.cache_build import ComputePath, policy_compute_dtype
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant
-from erpo_lightning.modules.distributed import all_reduce, global_advantages, rank_aligned_micro_batches
+from erpo_lightning.modules.distributed import all_reduce, global_advantages
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
 from erpo_lightning.modules.lora_files import load_adapter_weights
 from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
@@ -52,8 +52,10 @@ from erpo_lightning.scoring.logprobs import response_logprobs
 from erpo_lightning.scoring.output_layer import fused_output_problem
 from erpo_lightning.update import (
     LossRows,
+    StepInputs,
     accumulate_gradients,
     minibatch_rows,
+    rank_aligned_micro_batches,
     rollout_loss_rows,
     step_normalizers,
     step_query_weights,
@@ -377,10 +379,13 @@ class ERPOModule(L.LightningModule):
     def _global_sum(self, value: torch.Tensor | float) -> torch.Tensor:
         return all_reduce(self._trainer, value, "sum", self.device)
 
+    def _most_over_ranks(self, count: int) -> int:
+        return int(all_reduce(self._trainer, count, "max", self.device))
+
     def _micro_batches(self, batch: RolloutBatch):
-        """(micro-batch, row indices or None for a filler) pairs within the token budget, as many on every rank (see
-        `distributed`)."""
-        return rank_aligned_micro_batches(self._trainer, batch, self.hparams.micro_batch_tokens, self.device)
+        """(micro-batch, row indices or None for a filler) pairs within the token budget, as many on every rank
+        (`update.rank_aligned_micro_batches`)."""
+        return rank_aligned_micro_batches(batch, self.hparams.micro_batch_tokens, self._most_over_ranks)
 
     def _loss_rows(self, batch: RolloutBatch) -> LossRows:
         """What the update reads of `batch`; under `shared_forward`, with θ0's query scores from the cache."""
@@ -403,13 +408,15 @@ class ERPOModule(L.LightningModule):
         algorithm = self.algorithm  # with the adaptive entropy coefficient of this step
         if algorithm.entropy_target is not None:
             algorithm = replace(algorithm, entropy_coef=self.entropy_control.applied)
+        inputs = StepInputs(
+            algorithm, normalizers, batch.group_size, None if scoring == "shared_forward" else self.reference_cache,
+            self._most_over_ranks, self.hparams.fused_output_layer,
+        )  # fmt: skip
         step = accumulate_gradients(
             self.policy, rollout_loss_rows(batch, self.hparams.loss_constant or batch.max_new_tokens),
-            ((self._loss_rows(micro), rows is not None) for micro, rows in self._micro_batches(batch)),
-            batch.group_size, algorithm, normalizers, self.manual_backward,
-            None if scoring == "shared_forward" else self.reference_cache,
-            lambda count: int(all_reduce(self._trainer, count, "max", self.device)), self.reference_policy,
-            share_prompt=scoring == "shared_prompt", loss_scale=scale, fused_output=self.hparams.fused_output_layer,
+            ((self._loss_rows(micro), rows is not None) for micro, rows in self._micro_batches(batch)), inputs,
+            self.manual_backward,
+            self.reference_policy, share_prompt=scoring == "shared_prompt", loss_scale=scale,
         )  # fmt: skip
         # the whole step's values, equal on every rank
         step_loss, step_pg_loss = self._global_sum(torch.stack([step.loss, step.pg_loss]))

@@ -1,4 +1,5 @@
-"""What one forward of the step reads (`LossRows`) and the forwards that score it (`Forward`).
+"""What the step's passes read (`LossRows`: one forward's rows; `StepInputs`: what every pass of an optimizer step
+shares) and the forwards that score rows (`Forward`).
 
 `step.micro_batch_loss` takes a micro-batch's `LossRows` and scores them with `response_logits_forward` (the exact
 pass scores the queries) or `full_logits_forward` (`shared_forward`: the queries are read from this forward too);
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.scoring.logprobs import causal_lm_window, prompt_response_logprobs_and_entropy, response_window
 
@@ -60,10 +62,54 @@ def rollout_loss_rows(
 ) -> LossRows:
     """The `LossRows` of a `RolloutBatch` whose advantages are set (`ERPOModule.train_on` sets them)."""
     return LossRows(
-        batch.input_ids, batch.attention_mask, batch.prompt_length, batch.temperature, batch.response_mask,
-        batch.advantages, batch.is_group_leader, batch.query_index, batch.old_logprobs, batch.sampling_logprobs,
-        batch.query_weights, reference_query_logprobs, constant,
-    )  # fmt: skip
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        prompt_length=batch.prompt_length,
+        temperature=batch.temperature,
+        response_mask=batch.response_mask,
+        advantages=batch.advantages,
+        is_group_leader=batch.is_group_leader,
+        query_index=batch.query_index,
+        old_logprobs=batch.old_logprobs,
+        sampling_logprobs=batch.sampling_logprobs,
+        query_weights=batch.query_weights,
+        reference_query_logprobs=reference_query_logprobs,
+        constant=constant,
+    )
+
+
+GlobalMax = Callable[[int], int]  # a count's largest value over all ranks
+
+
+def _one_process(count: int) -> int:
+    return count
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What every pass of one optimizer step reads besides the policy and its rows: the update's entry points
+    (`step.accumulate_gradients`, `step.micro_batch_loss`, `step.query_pass_term`, `query_pass.exact_query_kl`,
+    `shared_prompt.prompt_pass`) take it whole.
+
+    Attributes:
+        algorithm: the loss settings (`objectives.LossSettings`), with this step's entropy coefficient.
+        normalizers: the step's global counts (`step.step_normalizers`, summed over ranks); every pass divides by
+            them, so the shares of micro-batches and query blocks sum to the step's loss.
+        group_size: rows per query (its group); a query's Query-KL counts once per row.
+        cache: θ0's query scores and the layout they were computed in, which the query pass reproduces; None under
+            `shared_forward` scoring (the rows carry their reference, `LossRows.reference_query_logprobs`).
+        most_blocks: this rank's count of forwards in, the largest over ranks out (every rank runs as many, since
+            each forward of a sharded or data-parallel policy runs collectives); the identity on one process.
+        fused_output: the rows' output layer runs inside the log-prob code, chunk by chunk (`output_layer.py`); the
+            query pass keeps the cache's unfused layout.
+    """
+
+    algorithm: obj.LossSettings
+    normalizers: dict[str, torch.Tensor]
+    group_size: int
+    cache: ReferenceLogprobCache | None = None
+    most_blocks: GlobalMax = _one_process
+    fused_output: bool = False
 
 
 # A forward of `policy` over the rows: ([N, P + R] token log-probs, [N, P + R] entropy or None), column t scoring

@@ -1,8 +1,8 @@
-"""Slicing a rollout batch into optimizer mini-batches and token-budgeted micro-batches."""
+"""Slicing a rollout batch into optimizer mini-batches and token-budgeted micro-batches, as many on every rank."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -61,3 +61,20 @@ def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[tuple[torch.
     changes the step's loss and gradient only by float rounding."""
     for rows in micro_batch_rows(batch.attention_mask.sum(-1), max_tokens):
         yield rows, trim_padding(batch.select_rows(rows))
+
+
+def rank_aligned_micro_batches(
+    batch: RolloutBatch, max_tokens: int, most: Callable[[int], int]
+) -> Iterator[tuple[RolloutBatch, torch.Tensor | None]]:
+    """(micro-batch, its row indices into `batch`) pairs: `batch`'s `micro_batches`, then one-row fillers (rows None)
+    until this rank has yielded as many as the rank with the most. Under DDP and FSDP every forward/backward runs
+    collectives, so the counts must agree.
+
+    Args:
+        most: this rank's count in, the largest over ranks out (the identity on one process).
+    """
+    micros = list(micro_batches(batch, max_tokens))
+    count = most(len(micros))
+    yield from ((micro, rows) for rows, micro in micros)
+    filler = micros[0][1].select_rows(torch.arange(1))
+    yield from ((filler, None) for _ in range(count - len(micros)))

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import torch
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.scoring.logprobs import sequence_logprobs
 from erpo_lightning.scoring.queries import QueryScoringLayout, score_block
+from erpo_lightning.update.forward import StepInputs
 
 # A scoring block's forward: (policy, the block's queries' token ids, layout) -> one [L_q] log-prob row per query.
 BlockScore = Callable[[torch.nn.Module, list[list[int]], QueryScoringLayout], list[torch.Tensor]]
@@ -42,36 +42,33 @@ def exact_query_kl(
     policy: torch.nn.Module,
     prompts: list[list[int]],
     query_index: torch.Tensor,
-    rows_per_query: int,
-    cache: ReferenceLogprobCache,
-    algorithm: obj.LossSettings,
-    normalizers: dict[str, torch.Tensor],
-    backward: Callable[[torch.Tensor], None] | None,
-    most_blocks: Callable[[int], int],
+    step: StepInputs,
+    backward: Callable[[torch.Tensor], None] | None = None,
     constant: float | None = None,
     score: BlockScore = score_block,
 ) -> tuple[torch.Tensor, obj.QueryDrift]:
     """Score the step's unique queries block by block; when Query-KL is optimised (α > 0), α · its term.
 
-    Every rank runs as many blocks (filler blocks, weighted 0, on ranks with fewer; a rank or micro-batch may hold no
-    query at all), since each forward and backward of a sharded or data-parallel policy runs collectives.
+    Every rank runs as many blocks (`step.most_blocks`; filler blocks, weighted 0, on ranks with fewer; a rank or
+    micro-batch may hold no query at all), since each forward and backward of a sharded or data-parallel policy
+    runs collectives.
 
     Args:
         prompts, query_index: the token ids of each query once, and its cache row [Q] (`unique_prompts`).
-        rows_per_query: how many rows of the step share each query (its group size).
-        cache: reference scores with the `layout` they were computed in.
-        algorithm: the loss settings (`query_kl_coef`, estimator, aggregation, clamp, tolerance).
-        normalizers: the step's global counts (`objectives.loss_normalizers`, summed over ranks).
+        step: the step's loss settings, global counts, group size (how many rows share each query) and reference
+            cache (`step.cache`, with the `layout` its scores were computed in: required here).
         backward: called with each block's loss share, whose graph is then freed (Lightning's manual backward);
             None: the shares are summed, with their graph, into the returned term (a trainer that runs backward).
-        most_blocks: this rank's block count in, the largest over ranks out.
-        constant: Dr. GRPO's normaliser, when the PG loss uses `seq_sum_constant`.
+        constant: Dr. GRPO's normaliser, when the PG loss uses `seq_sum_constant` (`LossRows.constant`).
         score: the block's forward (`scoring.queries.score_block`'s contract; `shared_prompt.PromptPass` keeps
             its keys and values too). It runs with grad only when Query-KL is optimised, unless it enables grad.
     Returns:
         α · the Query-KL term on this rank's queries (detached when `backward` is given), and their drift
         (`objectives.QueryDrift`, one value per query).
     """
+    cache, algorithm, normalizers = step.cache, step.algorithm, step.normalizers
+    if cache is None:
+        raise ValueError("the exact query pass scores the queries in the reference cache's layout: pass the cache")
     if cache.layout is None:
         raise ValueError(
             "query_kl_scoring 'exact' needs reference scores computed in a layout the step can reproduce, and these "
@@ -81,9 +78,9 @@ def exact_query_kl(
     layout, coef = cache.layout, algorithm.query_kl_coef
     blocks = layout.blocks([len(ids) for ids in prompts])
     device = next(policy.parameters()).device
-    multiplicity = torch.full((len(prompts),), rows_per_query, device=device)
+    multiplicity = torch.full((len(prompts),), step.group_size, device=device)
     term_sum, recorded = torch.zeros((), device=device), []
-    for number in range(most_blocks(len(blocks))):
+    for number in range(step.most_blocks(len(blocks))):
         real = number < len(blocks)
         block = blocks[number] if real else []
         queries = [prompts[p] for p in block] if real else [[0, 0]]  # a filler: two padding tokens, weight 0

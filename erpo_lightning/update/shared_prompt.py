@@ -32,7 +32,7 @@ Under DDP and FSDP2 (gloo, 2 processes) a run equals one process's (tests/test_d
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,10 +46,9 @@ except ImportError:  # transformers before the per-layer checkpointing class
     GradientCheckpointingLayer = None
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.scoring.output_layer import output_layer_bypassed
 from erpo_lightning.scoring.queries import QueryScoringLayout, forward_block
-from erpo_lightning.update.forward import LossRows, window_logprobs_and_entropy
+from erpo_lightning.update.forward import LossRows, StepInputs, window_logprobs_and_entropy
 from erpo_lightning.update.query_pass import exact_query_kl
 
 
@@ -254,20 +253,12 @@ def _leaf(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def prompt_pass(
-    policy: torch.nn.Module,
-    prompts: list[list[int]],
-    query_index: torch.Tensor,
-    rows_per_query: int,
-    cache: ReferenceLogprobCache,
-    algorithm: obj.LossSettings,
-    normalizers: dict[str, torch.Tensor],
-    most_blocks: Callable[[int], int],
+    policy: torch.nn.Module, prompts: list[list[int]], query_index: torch.Tensor, step: StepInputs,
     constant: float | None = None,
-    fused_output: bool = False,
-) -> PromptPass:
+) -> PromptPass:  # fmt: skip
     """Forward the step's unique queries once, in the cache's layout (`query_pass.exact_query_kl`, whose arguments
     these are, with no backward), keeping their keys, values and last logits for `PromptPass.forward`, whose
-    response forward fuses its output layer with the log-probs if `fused_output`."""
+    response forward fuses its output layer with the log-probs if `step.fused_output`."""
     blocks: list[_Block] = []
     with_grad = torch.is_grad_enabled()
 
@@ -284,11 +275,8 @@ def prompt_pass(
         blocks.append(_Block(lengths, [keys for keys, _ in seen], [values for _, values in seen], output.logits))
         return scores
 
-    term, drift = exact_query_kl(
-        policy, prompts, query_index, rows_per_query, cache, algorithm, normalizers, None, most_blocks, constant,
-        score=score,
-    )  # fmt: skip
-    layout_blocks = cache.layout.blocks([len(ids) for ids in prompts])
+    term, drift = exact_query_kl(policy, prompts, query_index, step, None, constant, score=score)
+    layout_blocks = step.cache.layout.blocks([len(ids) for ids in prompts])
     real = len(layout_blocks)
     order = [position for block in layout_blocks for position in block]
     width = max(len(ids) for ids in prompts)
@@ -320,6 +308,6 @@ def prompt_pass(
         last_logits=_leaf(last_logits),
         graph=[*keys, *values, last_logits],
         fillers=[block.logits for block in blocks[real:]],
-        fused_output=fused_output,
-        entropy_gradient=algorithm.entropy_gradient,
+        fused_output=step.fused_output,
+        entropy_gradient=step.algorithm.entropy_gradient,
     )

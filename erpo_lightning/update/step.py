@@ -1,8 +1,9 @@
 """One optimizer step's loss and gradients, the same for every trainer: the rows' forward, `objectives.rl_loss` and
 the exact Query-KL pass, in one order.
 
-A trainer hands the step its rows as `LossRows` (what one forward reads: `forward.py`) and its global counts
-(`step_normalizers`); `micro_batch_loss` scores the rows and returns the loss with its typed `LossStats`;
+A trainer hands the step its rows as `LossRows` (what one forward reads: `forward.py`) and what every pass shares as
+`StepInputs` (the loss settings, the global counts of `step_normalizers`, the group size, the reference cache, the
+collective that aligns ranks); `micro_batch_loss` scores the rows and returns the loss with its typed `LossStats`;
 `query_pass_term` scores the step's unique queries alone, in the reference cache's layout
 (`query_pass.exact_query_kl`). `accumulate_gradients` runs both over an optimizer step for a trainer that drives
 backward itself (`ERPOModule`); a trainer whose loop runs backward on a returned loss (TRL's) calls `query_pass_term`
@@ -18,14 +19,18 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from erpo_lightning import objectives as obj
-from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.scoring.logprobs import response_logprobs
-from erpo_lightning.update.forward import Forward, LossRows, full_logits_forward, response_logits_forward
+from erpo_lightning.update.forward import (
+    Forward,
+    LossRows,
+    StepInputs,
+    full_logits_forward,
+    response_logits_forward,
+)
 from erpo_lightning.update.query_pass import exact_query_kl, unique_prompts
 from erpo_lightning.update.shared_prompt import prompt_pass
 
 GlobalSum = Callable[[torch.Tensor], torch.Tensor]  # a tensor summed over all ranks
-GlobalMax = Callable[[int], int]  # a count's largest value over all ranks
 Backward = Callable[[torch.Tensor], None]  # runs backward on a loss (a share of the step's, already scaled)
 
 
@@ -64,22 +69,22 @@ def step_normalizers(
 def micro_batch_loss(
     policy: torch.nn.Module,
     rows: LossRows,
-    algorithm: obj.LossSettings,
-    normalizers: dict[str, torch.Tensor],
+    step: StepInputs,
     reference_policy: torch.nn.Module | None = None,
     forward: Forward | None = None,
-    fused_output: bool = False,
 ) -> tuple[torch.Tensor, obj.LossStats]:
-    """The loss of one micro-batch (`objectives.rl_loss`), already divided by its step's global counts.
+    """The loss of one micro-batch (`objectives.rl_loss` with `step.algorithm`), already divided by its step's
+    global counts (`step.normalizers`).
 
     One forward scores the responses (policy gradient) and, under `shared_forward` (`rows.reference_query_logprobs`
     given), the prompts (Query-KL); the entropy comes from the same pass. `reference_policy`, when given, scores the
     responses for Policy-KL (no gradient). `forward` None: `full_logits_forward` under `shared_forward`, else
-    `response_logits_forward`, with the output layer fused into the log-probs if `fused_output`.
+    `response_logits_forward`, with the output layer fused into the log-probs if `step.fused_output`.
     Returns:
         the loss (0-dim) and its `LossStats`, with the response entropy [N, R] and, on policy, the engine–trainer
         log-prob gap [N, R] (`logprob_abs_diff`: this forward is the trainer's view of the sampled tokens).
     """
+    algorithm, fused_output = step.algorithm, step.fused_output
     prompt_length = rows.prompt_length
     if forward is None:
         forward = response_logits_forward if rows.reference_query_logprobs is None else full_logits_forward
@@ -105,7 +110,7 @@ def micro_batch_loss(
         None if reference is None else query_lp, None if reference is None else reference.to(query_lp), query_mask,
         rows.is_group_leader,
         seq_weights=rows.query_weights if algorithm.use_query_weights else None,
-        constant=rows.constant, normalizers=normalizers,
+        constant=rows.constant, normalizers=step.normalizers,
         ref_response_logprobs=ref_response, sampling_logprobs=sampling,
         entropy=None if entropy is None else entropy[:, prompt_length:],
     )  # fmt: skip
@@ -122,41 +127,27 @@ def step_queries(rows: LossRows) -> tuple[list[list[int]], torch.Tensor]:
 
 
 def query_pass_term(
-    policy: torch.nn.Module,
-    rows: LossRows,
-    group_size: int,
-    cache: ReferenceLogprobCache,
-    algorithm: obj.LossSettings,
-    normalizers: dict[str, torch.Tensor],
-    backward: Backward | None,
-    most_blocks: GlobalMax,
+    policy: torch.nn.Module, rows: LossRows, step: StepInputs, backward: Backward | None = None
 ) -> tuple[torch.Tensor, obj.QueryDrift]:
     """α · the Query-KL term of `rows`' unique queries (their group leaders' prompts), scored alone in the cache's
     layout (`query_pass.exact_query_kl`, whose arguments these are), and their drift."""
     prompts, query_index = step_queries(rows)
-    return exact_query_kl(
-        policy, prompts, query_index, group_size, cache, algorithm, normalizers, backward, most_blocks, rows.constant,
-    )  # fmt: skip
+    return exact_query_kl(policy, prompts, query_index, step, backward, rows.constant)
 
 
 def accumulate_gradients(
     policy: torch.nn.Module,
     step_rows: LossRows,
     micro_batches: Iterable[tuple[LossRows, bool]],
-    group_size: int,
-    algorithm: obj.LossSettings,
-    normalizers: dict[str, torch.Tensor],
+    step: StepInputs,
     backward: Backward,
-    cache: ReferenceLogprobCache | None,
-    most_blocks: GlobalMax,
     reference_policy: torch.nn.Module | None = None,
     share_prompt: bool = False,
     loss_scale: float = 1.0,
-    fused_output: bool = False,
 ) -> StepStats:
     """Forward and backward of one optimizer step on this rank: first the exact Query-KL pass over the step's unique
-    queries (`cache` given; None under `shared_forward`), then every micro-batch. The gradients accumulate in the
-    policy; nothing is stepped.
+    queries (`step.cache` given; None under `shared_forward`), then every micro-batch. The gradients accumulate in
+    the policy; nothing is stepped.
 
     Under FSDP2 a forward without backward leaves the root's weights gathered, and the micro-batches' backward is
     what reshards them: so the query pass (whose backward is skipped when Query-KL is only monitored) runs first.
@@ -165,35 +156,26 @@ def accumulate_gradients(
 
     Args:
         step_rows: the step's rows (its unique queries are read from them).
-        micro_batches: (rows, real) pairs; a filler (real False) runs forward and backward with weight 0, since
-            every rank must run as many (each runs collectives).
+        micro_batches: (rows, real) pairs (`microbatch.rank_aligned_micro_batches`); a filler (real False) runs
+            forward and backward with weight 0, since every rank must run as many (each runs collectives).
+        step: what every pass shares (`forward.StepInputs`).
         backward: runs backward on a loss.
         loss_scale: what each loss share is multiplied by before `backward` (a trainer's averaging over ranks).
-        fused_output: the micro-batches' output layer runs inside the log-prob code, chunk by chunk
-            (`output_layer.py`); the query pass keeps the cache's unfused layout.
     """
     device = step_rows.input_ids.device
     stats = StepStats(torch.zeros((), device=device), torch.zeros((), device=device))
     forward, shared = None, None
     if share_prompt:
-        if cache is None:
+        if step.cache is None:
             raise ValueError("the shared prompt scores the queries in the reference cache's layout: pass the cache")
         prompts, query_index = step_queries(step_rows)
-        shared = prompt_pass(
-            policy, prompts, query_index, group_size, cache, algorithm, normalizers, most_blocks, step_rows.constant,
-            fused_output,
-        )  # fmt: skip
+        shared = prompt_pass(policy, prompts, query_index, step, step_rows.constant)
         stats.query_drift, forward = shared.drift, shared.forward
-    elif cache is not None:
-        term, stats.query_drift = query_pass_term(
-            policy, step_rows, group_size, cache, algorithm, normalizers,
-            lambda share: backward(share * loss_scale), most_blocks,
-        )  # fmt: skip
+    elif step.cache is not None:
+        term, stats.query_drift = query_pass_term(policy, step_rows, step, lambda share: backward(share * loss_scale))
         stats.loss = stats.loss + term
     for rows, real in micro_batches:
-        loss, loss_stats = micro_batch_loss(
-            policy, rows, algorithm, normalizers, reference_policy, forward, fused_output
-        )
+        loss, loss_stats = micro_batch_loss(policy, rows, step, reference_policy, forward)
         # Even a non-finite loss goes through backward: every rank must run the same collectives.
         backward(loss * (loss_scale if real else 0.0))
         if real:

@@ -7,7 +7,13 @@ import torch
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.scoring.queries import QueryScoringLayout, score_block
-from erpo_lightning.update import accumulate_gradients, micro_batches, rollout_loss_rows, step_normalizers
+from erpo_lightning.update import (
+    StepInputs,
+    accumulate_gradients,
+    micro_batches,
+    rollout_loss_rows,
+    step_normalizers,
+)
 from helpers.batches import carrying_scores
 from helpers.module_steps import ReferenceLogprobs, rollout_batch
 
@@ -31,10 +37,10 @@ def step(model, algorithm, batch, cache, max_tokens, share_prompt, reference_pol
         batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
     )
     micros = ((rollout_loss_rows(micro, 4), True) for _, micro in micro_batches(batch, max_tokens))
+    inputs = StepInputs(algorithm, normalizers, batch.group_size, cache, fused_output=fused_output)
     stats = accumulate_gradients(
-        model, rows, micros, batch.group_size, algorithm, normalizers, lambda loss: loss.backward(), cache,
-        lambda count: count, reference_policy, share_prompt=share_prompt, fused_output=fused_output,
-    )  # fmt: skip
+        model, rows, micros, inputs, lambda loss: loss.backward(), reference_policy, share_prompt=share_prompt
+    )
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return grads, stats
 
