@@ -97,15 +97,17 @@ class ERPOModule(L.LightningModule):
             `optim.LinearWarmup(warmup_steps)`. A set schedule owns the schedule (`warmup_steps` must stay 0); it is
             stepped once per optimizer step, so it counts optimizer steps, and `ReduceLROnPlateau` is refused.
         gradient_clip_norm: max global gradient norm, > 0 (None = no clipping).
-        query_kl_scoring: how the step scores the queries for Query-KL. `exact`: the unique queries alone, in the
-            reference cache's layout (`update/query_pass.py`), equal to the cache bit for bit at θ0 in any
-            precision; one more forward (and backward, when Query-KL is optimised) over Q queries. `shared_prompt`:
-            that same forward of each query also carries its G responses, which run on its cached keys and values
-            (`update/shared_prompt.py`): exact, and each prompt is forwarded once per step instead of G + 1 times,
-            with or without gradient checkpointing. `shared_forward`: from the [prompt; response] forward that
-            scores the responses (the paper's "no extra forward"), whose rounding differs from the cache's, so
-            `query_kl_tolerance` defaults to the compute dtype's noise floor
-            ([docs/erpo.md](erpo.md#query-kl-at-θ0-exact-scoring-query_kl_scoring)). `exact` and `shared_prompt`
+        query_kl_scoring: how the step scores the queries for Query-KL. `shared_prompt` (the default): the unique
+            queries alone, in the reference cache's layout (`update/query_pass.py`), equal to the cache bit for bit
+            at θ0 in any precision, and that same forward of each query carries its G responses, which run on its
+            cached keys and values (`update/shared_prompt.py`): each prompt is forwarded once per step instead of
+            G + 1 times, with or without gradient checkpointing; it holds the query forward's keys, values and
+            last logits until the step's last backward. `exact`: the same query forward, without carrying the
+            responses (each response row forwards its prompt again): for a step whose memory cannot hold the
+            query forward's activations beside a micro-batch's. `shared_forward`: from the [prompt; response]
+            forward that scores the responses (the paper's "no extra forward"), whose rounding differs from the
+            cache's, so `query_kl_tolerance` defaults to the compute dtype's noise floor
+            ([docs/erpo.md](erpo.md#query-kl-at-θ0-exact-scoring-query_kl_scoring)). `shared_prompt` and `exact`
             need `data.cache_engine: transformers`.
         skip_zero_signal_steps: skip an optimizer step whose gradient is exactly 0 on every rank (no group with
             reward variance and no Query-KL or Policy-KL pull): no optimizer or LR-schedule update, so AdamW's
@@ -197,7 +199,7 @@ class ERPOModule(L.LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         gradient_clip_norm: float | None = 1.0,
-        query_kl_scoring: QueryKLScoring = "exact",
+        query_kl_scoring: QueryKLScoring = "shared_prompt",
         skip_zero_signal_steps: bool = False,
         monitor_policy_kl: bool = False,
         nan_policy: Literal["stop", "skip"] = "stop",
