@@ -90,6 +90,11 @@ def check_metrics_reach(frame: pd.DataFrame, last_step: int, path: Path) -> None
         raise DamagedRunFile(f"{path}: cut short (it ends at step {ends}, before the final sweep's step {last_step})")
 
 
+def sweep_column(benchmark: str, temperature: float) -> str:
+    """The metrics.csv column of a sweep's Avg@k on `benchmark` at `temperature`: `val/avg@k/<benchmark>/T=<t>`."""
+    return f"val/avg@k/{benchmark}/T={temperature:g}"
+
+
 def sweep_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of a metrics.csv that a temperature sweep logged (its `val/avg@k/...` values), in file order."""
     columns = [column for column in frame if column.startswith("val/avg@k/")]

@@ -34,6 +34,7 @@ from studies.engine.report import (
     markdown_table,
     mean_std,
     seeds_line,
+    sweep_column,
     with_base_model,
     write_claims,
 )
@@ -98,11 +99,6 @@ CLAIMS: tuple[Claim, ...] = tuple(
 )  # fmt: skip
 
 
-def column(benchmark: str, temperature: float) -> str:
-    """A sweep column: `val/avg@k/<benchmark>/T=<temperature>`."""
-    return f"val/avg@k/{benchmark}/T={temperature:g}"
-
-
 def portability_table(records: list[RunRecord], settings: StudySettings) -> dict:
     """The per-seed table the claims read: the engine's final values plus each run's last-three-sweep means at every
     temperature (`T=... end`) and on the training queries at T = 1.0 (`train T=1 end`), with the base model's row
@@ -113,14 +109,15 @@ def portability_table(records: list[RunRecord], settings: StudySettings) -> dict
         frame = sweeps(record)
         values = runs[record.method]
         for temperature in settings.temperatures:
-            values.setdefault(end(temperature), []).append(last_mean(frame[column(benchmark, temperature)], WINDOW))
-        values.setdefault("train T=1 end", []).append(last_mean(frame[column(TRAIN, 1.0)], WINDOW))
+            test = frame[sweep_column(benchmark, temperature)]
+            values.setdefault(end(temperature), []).append(last_mean(test, WINDOW))
+        values.setdefault("train T=1 end", []).append(last_mean(frame[sweep_column(TRAIN, 1.0)], WINDOW))
     base = base_sweep(records)
     table = with_base_model(runs, base, settings.temperatures, benchmark)
     seeds = len(table[BASE_ARM]["seed"])
     for temperature in settings.temperatures:
-        table[BASE_ARM][end(temperature)] = [base[column(benchmark, temperature)]] * seeds
-    table[BASE_ARM]["train T=1 end"] = [base[column(TRAIN, 1.0)]] * seeds
+        table[BASE_ARM][end(temperature)] = [base[sweep_column(benchmark, temperature)]] * seeds
+    table[BASE_ARM]["train T=1 end"] = [base[sweep_column(TRAIN, 1.0)]] * seeds
     return table
 
 
@@ -133,15 +130,15 @@ def portability_report(inputs: ReportInputs) -> list[dict]:
     results = evaluate_all(table, estimators(records), CLAIMS)
     claims_path = write_claims(path, study, results)
     figure = path.with_name(path.stem + "_trajectories.png")
-    panels = [CurvePanel(lambda r, t=t: sweeps(r)[column(benchmark, t)] * 100, f"test set, T = {t:g}", "%")
+    panels = [CurvePanel(lambda r, t=t: sweeps(r)[sweep_column(benchmark, t)] * 100, f"test set, T = {t:g}", "%")
               for t in settings.temperatures]  # fmt: skip
-    panels.append(CurvePanel(lambda r: sweeps(r)[column(TRAIN, 1.0)] * 100, "training queries, T = 1.0", "%"))
+    panels.append(CurvePanel(lambda r: sweeps(r)[sweep_column(TRAIN, 1.0)] * 100, "training queries, T = 1.0", "%"))
     curve_figure(records, figure, tuple(panels))
     quantities = [*(end(t) for t in settings.temperatures), "train T=1 end"]
     rows = [[label] + [mean_std(values.get(q, []), scale=100) for q in quantities] for label, values in table.items()]
     curves = "\n\n".join(
         f"## Test set, Avg@{settings.eval_k} at T = {t:g} (%, every sweep)\n\n"
-        + by_sweep(records, lambda r, t=t: sweeps(r)[column(benchmark, t)])
+        + by_sweep(records, lambda r, t=t: sweeps(r)[sweep_column(benchmark, t)])
         for t in settings.temperatures
     )
     path.write_text(f"""# The good-lr study, portability: do ERPO's terms help DAPO and RLOO where grpo memorises?
@@ -177,7 +174,7 @@ its training queries (a failed guard discounts only a win). Claims file: `{claim
 
 ## Training queries, Avg@{settings.eval_k} at T = 1.0 (%, every sweep)
 
-{by_sweep(records, lambda r: sweeps(r)[column(TRAIN, 1.0)])}
+{by_sweep(records, lambda r: sweeps(r)[sweep_column(TRAIN, 1.0)])}
 
 ## Figure
 

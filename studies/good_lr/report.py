@@ -35,6 +35,7 @@ from studies.engine.report import (
     markdown_table,
     mean_std,
     seeds_line,
+    sweep_column,
     with_base_model,
     write_claims,
 )
@@ -65,29 +66,24 @@ TRAIN = "train"
 PER_PROBLEM = {"T=1 end": (1.0, "end"), "T=1.5 end": (1.5, "end"), "T=1 selected": (1.0, "selected")}
 
 
-def column(benchmark: str, temperature: str) -> str:
-    """A sweep column: `val/avg@k/<benchmark>/<T=...>`."""
-    return f"val/avg@k/{benchmark}/{temperature}"
-
-
 def selected_step(frame: pd.DataFrame) -> int:
     """The sweep step (after step 0, the base model's) with the highest validation-set Avg@4 at T = 1.0; the
     earliest on a tie."""
-    validation = frame[column(VALIDATION, "T=1")].loc[1:]
+    validation = frame[sweep_column(VALIDATION, 1.0)].loc[1:]
     return int(validation.idxmax())
 
 
 def run_quantities(record: RunRecord, benchmark: str, steps: int) -> dict[str, float]:
     """The quantities of one run (module docstring)."""
     frame = sweeps(record)
-    test = frame[column(benchmark, "T=1")]
+    test = frame[sweep_column(benchmark, 1.0)]
     chosen = selected_step(frame)
     return {
         "T=1 end": last_mean(test, WINDOW),
-        "T=1.5 end": last_mean(frame[column(benchmark, "T=1.5")], WINDOW),
+        "T=1.5 end": last_mean(frame[sweep_column(benchmark, 1.5)], WINDOW),
         "T=1 selected": value_at(test, chosen),
         "selected step": float(chosen),
-        "train T=1 end": last_mean(frame[column(TRAIN, "T=1")], WINDOW),
+        "train T=1 end": last_mean(frame[sweep_column(TRAIN, 1.0)], WINDOW),
         "drawdown T=1": drawdown(test, steps),
     }
 
@@ -118,8 +114,8 @@ def monitor_rows(records: list[RunRecord], benchmark: str) -> tuple[dict, dict[s
     for record in grpo:
         frame = sweeps(record)
         metrics = record.metrics().rename(columns={COMMON_COLUMN: "query_kl", "train/policy_kl": "policy_kl"})
-        runs.append(monitor_run(record.seed, frame[column(benchmark, "T=1")], frame[column(TRAIN, "T=1")], metrics,
-                                SWEEP_EVERY))  # fmt: skip
+        test, train = frame[sweep_column(benchmark, 1.0)], frame[sweep_column(TRAIN, 1.0)]
+        runs.append(monitor_run(record.seed, test, train, metrics, SWEEP_EVERY))
     if any(run.frame.empty for run in runs):  # runs too short for a drawdown (a quick run): no monitor rows
         return {}, {}
     errors = leave_one_seed_out_errors(runs)
@@ -140,7 +136,7 @@ def good_lr_table(records: list[RunRecord], settings: StudySettings) -> tuple[di
             runs[record.method].setdefault(name, []).append(value)
     base = base_sweep(records)
     table = with_base_model(runs, base, settings.temperatures, benchmark)
-    table[BASE_ARM]["train T=1 end"] = [base[column(TRAIN, "T=1")]] * len(table[BASE_ARM]["seed"])
+    table[BASE_ARM]["train T=1 end"] = [base[sweep_column(TRAIN, 1.0)]] * len(table[BASE_ARM]["seed"])
     derived, errors = monitor_rows(records, benchmark)
     table.update(derived)
     return table, errors
@@ -198,10 +194,10 @@ def good_lr_report(inputs: ReportInputs) -> list[dict]:
     claims_path = write_claims(path, study, results)
     figure = path.with_name(path.stem + "_trajectories.png")
     curve_figure(records, figure, (
-        CurvePanel(lambda r: sweeps(r)[column(benchmark, "T=1")] * 100, "test set, T = 1.0", "%"),
-        CurvePanel(lambda r: sweeps(r)[column(VALIDATION, "T=1")] * 100, "validation set, T = 1.0", "%"),
-        CurvePanel(lambda r: sweeps(r)[column(benchmark, "T=1.5")] * 100, "test set, T = 1.5", "%"),
-        CurvePanel(lambda r: sweeps(r)[column(TRAIN, "T=1")] * 100, "training queries, T = 1.0", "%"),
+        CurvePanel(lambda r: sweeps(r)[sweep_column(benchmark, 1.0)] * 100, "test set, T = 1.0", "%"),
+        CurvePanel(lambda r: sweeps(r)[sweep_column(VALIDATION, 1.0)] * 100, "validation set, T = 1.0", "%"),
+        CurvePanel(lambda r: sweeps(r)[sweep_column(benchmark, 1.5)] * 100, "test set, T = 1.5", "%"),
+        CurvePanel(lambda r: sweeps(r)[sweep_column(TRAIN, 1.0)] * 100, "training queries, T = 1.0", "%"),
     ))  # fmt: skip
     rows = [[arm] + [mean_std(values.get(q, []), scale=s) for q, s in QUANTITIES.items()]
             for arm, values in table.items() if arm not in (QUERY_KL_SIGNAL, SIMPLER_SIGNAL)]  # fmt: skip
@@ -256,19 +252,19 @@ Signals: {", ".join(SIGNALS)} (KLs as log(KL + 1e-6), averaged over the {SWEEP_E
 
 ## Test set, Avg@4 at T = 1.0 (%, every sweep)
 
-{by_sweep(records, lambda r: sweeps(r)[column(benchmark, "T=1")])}
+{by_sweep(records, lambda r: sweeps(r)[sweep_column(benchmark, 1.0)])}
 
 ## Validation set, Avg@4 at T = 1.0 (%, every sweep)
 
-{by_sweep(records, lambda r: sweeps(r)[column(VALIDATION, "T=1")])}
+{by_sweep(records, lambda r: sweeps(r)[sweep_column(VALIDATION, 1.0)])}
 
 ## Test set, Avg@4 at T = 1.5 (%, every sweep)
 
-{by_sweep(records, lambda r: sweeps(r)[column(benchmark, "T=1.5")])}
+{by_sweep(records, lambda r: sweeps(r)[sweep_column(benchmark, 1.5)])}
 
 ## Training queries, Avg@4 at T = 1.0 (%, every sweep)
 
-{by_sweep(records, lambda r: sweeps(r)[column(TRAIN, "T=1")])}
+{by_sweep(records, lambda r: sweeps(r)[sweep_column(TRAIN, 1.0)])}
 
 ## Figure
 
