@@ -153,8 +153,3 @@ def test_no_shipped_logger_or_checkpoint_names_a_folder_of_its_own(path):
         assert not {"save_dir", "tracking_uri"} & set(logger.get("init_args", {})), logger
     for callback in trainer.get("callbacks", []):
         assert "dirpath" not in callback.get("init_args", {}), callback
-
-
-def test_the_configuration_page_documents_erpo_cache_home():
-    page = (ROOT / "docs" / "configuration.md").read_text()
-    assert "ERPO_CACHE_HOME" in page and "file_hashes.json" in page

@@ -14,7 +14,7 @@ import pytest
 
 from erpo_lightning.data.sources import BENCHMARK_DIR, REGISTRY, DataError, load_queries
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CODE_DIRS = ("erpo_lightning", "tests", "bench", "studies")
 
 

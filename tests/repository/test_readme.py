@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.docs import example
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 TOY_STUDY, REAL_MODEL_STUDY = REPO / "studies" / "toy", REPO / "studies" / "real_model"
@@ -226,3 +226,11 @@ def test_the_long_horizon_query_kl_in_the_readme_is_the_reports():
 def section_lines(text: str, heading: str) -> list[str]:
     """The lines of `text` under `heading`, up to the next heading."""
     return text.split(heading, 1)[1].split("\n## ", 1)[0].splitlines()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_configuration_page_documents_erpo_cache_home():
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert "ERPO_CACHE_HOME" in page and "file_hashes.json" in page

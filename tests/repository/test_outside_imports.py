@@ -6,7 +6,7 @@ import ast
 import importlib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUTSIDE = ("bench", "studies", "scripts")
 
 
