@@ -7,7 +7,7 @@ import pytest
 from helpers.fit_configs import run_erpo
 from helpers.quickstart import copy_quickstart_inputs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

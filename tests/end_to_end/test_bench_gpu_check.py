@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.distributed  # FSDP2 over a gloo process group, in several processes: not `make test-fast`
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARMS = {"erpo", "erpo_shared_prompt", "grpo", "grpo_shared_prompt", "erpo_fused"}
 
 

@@ -33,7 +33,7 @@ from erpo_lightning.toy import SHIPPED_DIR
 pytestmark = pytest.mark.distributed  # several processes over gloo: `make test-fast` leaves them out
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
-TESTS = str(Path(__file__).parent)
+TESTS = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])
 TIMING = {"rollout/tokens_per_s", "rollout/weight_sync_ms"}  # wall-clock measurements, not training results
 
 

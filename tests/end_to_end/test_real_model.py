@@ -150,7 +150,7 @@ def test_erpo_fit_takes_the_gguf_file_as_model_path(smollm2_dir, tmp_path):
     assert yaml.safe_load(hparams_file.read_text())["model_path"] == str(smollm2_dir)  # trained the conversion
 
 
-SMOLLM2_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2_arith.yaml"
+SMOLLM2_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2_arith.yaml"
 
 
 @pytest.mark.slow

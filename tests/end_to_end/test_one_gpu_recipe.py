@@ -30,7 +30,7 @@ import erpo_lightning.data.step_memory as step_memory
 from erpo_lightning.common.errors import SettingsError
 from erpo_lightning.toy import SHIPPED_DIR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "one_gpu_qwen2.5_math_1.5b.yaml"
 PAGE = REPO / "docs" / "one_gpu.md"
 GIB = 2**30
