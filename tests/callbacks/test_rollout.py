@@ -1,12 +1,15 @@
-"""RolloutCallback inside a real Trainer.fit on the tiny model, with Hugging Face generate and with real vLLM."""
+"""RolloutCallback inside a real Trainer.fit on the tiny model, with Hugging Face generate and with real vLLM; the
+callbacks' own settings checks; a fit that survives a hostile response (1,500 nested `{}` in `\\boxed{}`, issue 18)."""
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from helpers.policies import ParityReward, PolicyModule, fit_rollouts, query_loader
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.data import QueryDataModule
-from erpo_lightning.rollout import HFEngine, VLLMEngine
+from erpo_lightning.rewards import MathReward
+from erpo_lightning.rollout import HFEngine, Sample, VLLMEngine
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.scoring.logprobs import sequence_logprobs
 from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
@@ -153,3 +156,86 @@ def test_engine_is_told_the_longest_rollout_before_it_is_built(tiny_model_path, 
     )
     fit_rollouts(PolicyModule(str(tiny_model_path)), callback, 1, datamodule=datamodule)
     assert engine.context_at_setup == 700 + 12
+
+
+def test_callbacks_check_their_numeric_settings():
+    from erpo_lightning.callbacks import HFExportCallback, TemperatureSweepCallback
+    from erpo_lightning.evaluation import SweepConfig
+
+    reward = lambda responses, golds: [0.0] * len(responses)  # noqa: E731
+    with pytest.raises(ValueError, match=r"rollout.correct_threshold must be a finite number, got nan"):
+        RolloutCallback(HFEngine(), reward, correct_threshold=float("nan"))
+    with pytest.raises(ValueError, match="TemperatureSweepCallback train_k must be >= 1, got 0"):
+        TemperatureSweepCallback(SweepConfig(), train_k=0)
+    with pytest.raises(ValueError, match="TemperatureSweepCallback train_sample_size must be >= 0, got -1"):
+        TemperatureSweepCallback(SweepConfig(), train_sample_size=-1)
+    with pytest.raises(ValueError, match="HFExportCallback every_n_steps must be >= 0"):
+        HFExportCallback(every_n_steps=-1)
+    for settings, message in (
+        ({"temperatures": [float("inf")]}, "every temperature must be > 0 and finite"),
+        ({"top_p": 0.0}, r"sweep.top_p must be in \(0, 1\], got 0.0"),
+        ({"max_new_tokens": 0}, "sweep.max_new_tokens must be >= 1"),
+        ({"batch_size": 0}, "sweep.batch_size must be >= 1, got 0"),
+        ({"max_problems": 0}, "sweep.max_problems must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            SweepConfig(**settings)
+
+
+def test_rollout_callback_checks_its_settings():
+    reward = lambda responses, golds: [0.0] * len(responses)  # noqa: E731
+    with pytest.raises(ValueError, match=r"rollout.temperature must be > 0 .*got -1"):
+        RolloutCallback(HFEngine(), reward, temperature=-1)
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens must be >= 1, got 0"):
+        RolloutCallback(HFEngine(), reward, max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"rollout.temperature must be > 0 .*got nan"):
+        RolloutCallback(HFEngine(), reward, temperature=float("nan"))
+    RolloutCallback(HFEngine(), reward, group_size=1, temperature=0.6)  # G = 1 is the module's concern
+
+
+NESTED = "Let me think. \\boxed{" + "{" * 1_500 + "7" + "}" * 1_500 + "}"
+
+
+class OneHostileResponseEngine(HFEngine):
+    """Hugging Face generate, except that the first response of the first call is `NESTED` (its tokens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hostile_ids = build_byte_tokenizer().encode(NESTED, add_special_tokens=False)
+        self.injected = False
+
+    def generate(self, prompt_ids, settings):
+        groups = super().generate(prompt_ids, settings)
+        if not self.injected:
+            groups[0][0] = Sample(self.hostile_ids, [0.0] * len(self.hostile_ids), "stop")
+            self.injected = True
+        return groups
+
+
+class RecordGraderCounters(pl.Callback):
+    def __init__(self) -> None:
+        self.too_deep: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.too_deep.append(float(trainer.callback_metrics["rollout/grader_too_deep"]))
+
+
+def test_fit_survives_1500_nested_braces_and_counts_them(tiny_model_path):
+    module = PolicyModule(str(tiny_model_path))
+    engine = OneHostileResponseEngine()
+    recorder = RecordGraderCounters()
+    with MathReward(num_workers=1, timeout_s=2.0) as reward:
+        rollout = RolloutCallback(engine, reward, group_size=2, temperature=0.8, max_new_tokens=8, seed=0)
+        trainer = pl.Trainer(
+            max_steps=2, accelerator="cpu", callbacks=[rollout, recorder], logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(module, train_dataloaders=query_loader(["7", "7"], batch_size=1))
+
+    assert engine.injected and len(module.batches) == 2
+    first = module.batches[0]
+    response = first.input_ids[0, first.prompt_length :][first.response_mask[0].bool()]
+    assert response.tolist() == engine.hostile_ids  # the hostile response was trained on, as generated
+    assert first.rewards[0] == 0.0  # too deep to grade: scored wrong, not raised
+    assert recorder.too_deep == [1.0, 0.0]  # counted in the step that graded it (counters reset per step)
+    assert all(torch.isfinite(p).all() for p in module.policy.parameters())
