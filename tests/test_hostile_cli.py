@@ -6,31 +6,23 @@ the subprocess tests run the installed `erpo` as a user does.
 
 import json
 import os
-import re
-import signal
 import subprocess
-import time
 import warnings
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-import torch
 import yaml
 from helpers.cli_runs import fails_in_one_line, run_main, tiny_config
 from helpers.fit_configs import ERPO, write_config
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
-from erpo_lightning.checkpoints.files import AtomicCheckpointIO, partial_path, resolve_resume_path
+from erpo_lightning.checkpoints.files import AtomicCheckpointIO
 from erpo_lightning.cli.command import ERPOLightningTrainer, ERPOProgressBar, main
 from erpo_lightning.common.errors import DEBUG_HINT, SettingsError, one_line, quiet_known_warnings
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine
-
-TESTS = Path(__file__).parent
 
 
 @pytest.fixture()
@@ -316,63 +308,6 @@ def test_debug_shows_the_traceback(config, monkeypatch):
         main(["fit", "--config", str(config), "--data.batch_size", "0"])
 
 
-def test_resume_keywords(tmp_path):
-    folder = tmp_path / "ckpt"
-    trainer = ERPOLightningTrainer(
-        accelerator="cpu", logger=False, callbacks=[ModelCheckpoint(dirpath=folder, save_last=True)], max_steps=1
-    )
-    with pytest.raises(SettingsError, match=f"'last' has nothing to resume: no last\\*.ckpt in {folder}"):
-        resolve_resume_path(trainer, "last")
-    assert resolve_resume_path(trainer, "last_or_none") is None
-    assert resolve_resume_path(trainer, "run.ckpt") == "run.ckpt"
-    folder.mkdir()
-    partial_path(folder / "last.ckpt", pid=2**22 + 1).write_bytes(b"half a checkpoint")  # a killed save's leftover
-    with pytest.raises(SettingsError):  # a temporary file is not a checkpoint
-        resolve_resume_path(trainer, "last")
-    AtomicCheckpointIO().save_checkpoint({"global_step": 3}, folder / "last.ckpt")
-    found = str(folder / "last.ckpt")
-    assert resolve_resume_path(trainer, "last") == resolve_resume_path(trainer, "last_or_none") == found
-
-
-def test_resume_keywords_find_the_checkpoint_in_the_loggers_version_folder(tmp_path):
-    """A ModelCheckpoint without dirpath writes into `<save_dir>/<name>/version_<n>/checkpoints`, and a new run gets
-    a new version: `last_or_none` must still find the earlier run's checkpoint, and `last`'s error names the folders."""
-
-    def trainer():
-        logger = pl.loggers.CSVLogger(tmp_path / "runs", name="erpo")
-        return ERPOLightningTrainer(
-            accelerator="cpu", logger=logger, callbacks=[ModelCheckpoint(save_last=True)], max_steps=1
-        )
-
-    pattern = tmp_path / "runs" / "erpo" / "*" / "checkpoints"
-    with pytest.raises(SettingsError, match=re.escape(f"nothing to resume: no last*.ckpt in {pattern};")):
-        resolve_resume_path(trainer(), "last")
-    assert resolve_resume_path(trainer(), "last_or_none") is None
-    first = tmp_path / "runs" / "erpo" / "version_0" / "checkpoints" / "last.ckpt"
-    AtomicCheckpointIO().save_checkpoint({"global_step": 3}, first)
-    (tmp_path / "runs" / "erpo" / "version_1").mkdir()  # a later run that wrote no checkpoint
-    assert resolve_resume_path(trainer(), "last_or_none") == resolve_resume_path(trainer(), "last") == str(first)
-    newer = first.parents[2] / "version_2" / "checkpoints" / "last.ckpt"
-    AtomicCheckpointIO().save_checkpoint({"global_step": 5}, newer)
-    os.utime(newer, ns=(first.stat().st_mtime_ns + 10**9,) * 2)
-    assert resolve_resume_path(trainer(), "last_or_none") == str(newer)  # the newest run's
-
-
-def test_atomic_checkpoint_io_replaces_whole_files_and_clears_orphans(tmp_path):
-    target = tmp_path / "ckpt" / "last.ckpt"
-    io = AtomicCheckpointIO()
-    io.save_checkpoint({"global_step": 1, "w": torch.ones(3)}, target)
-    orphan = partial_path(target, pid=2**22 + 7)  # no such process: a save killed half-way
-    orphan.write_bytes(b"trunc")
-    with pytest.raises(Exception, match="pickle"):  # a save failing half-way leaves the previous file whole
-        io.save_checkpoint({"global_step": 2, "bad": lambda: None}, target)
-    assert torch.load(target)["global_step"] == 1
-    assert sorted(p.name for p in target.parent.iterdir()) == [orphan.name, "last.ckpt"]
-    io.save_checkpoint({"global_step": 3, "w": torch.zeros(3)}, target)
-    assert torch.load(target)["global_step"] == 3
-    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]  # the orphan of a dead process is gone
-
-
 def test_trainer_defaults_progress_label_and_quiet_warnings(tmp_path, monkeypatch):
     monkeypatch.setattr("erpo_lightning.cli.command.stderr_is_terminal", lambda: True)  # the bar of a terminal
     trainer = ERPOLightningTrainer(accelerator="cpu", logger=False, max_steps=5, default_root_dir=tmp_path)
@@ -434,75 +369,6 @@ def test_errors_are_one_line_from_the_installed_command(tmp_path, config):
     )  # fmt: skip
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].endswith("rollout.max_new_tokens must be >= 1, got 0")
-
-
-class CheckpointBallast(pl.Callback):
-    """Makes the checkpoints of one step large (`megabytes` of zeros), so that writing them takes a while."""
-
-    def __init__(self, at_step: int, megabytes: int = 256) -> None:
-        self.at_step, self.megabytes = at_step, megabytes
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        if trainer.global_step == self.at_step:
-            checkpoint["ballast"] = torch.zeros(self.megabytes * 2**18)
-
-
-@pytest.mark.slow
-def test_kill_during_a_slow_save_then_resume_last(tmp_path, tiny_model_path, benchmarks_dir):
-    """SIGKILL while `last.ckpt` of step 3 is being written; `--ckpt_path last` resumes from step 2's, and trains on.
-
-    TMPDIR is put on another filesystem than the checkpoints where one exists (/dev/shm): Lightning's own writer
-    then copies over `last.ckpt` in place, which a kill truncates.
-    """
-    folder = tmp_path / "ckpt"
-    checkpoint = {
-        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-        "init_args": {"dirpath": str(folder), "every_n_train_steps": 1, "save_last": True, "save_top_k": -1},
-    }
-    ballast = {"class_path": "test_hostile_cli.CheckpointBallast", "init_args": {"at_step": 3}}
-    data_file = benchmarks_dir / "gsm8k.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    shm = Path("/dev/shm")
-    if shm.is_dir() and shm.stat().st_dev != tmp_path.stat().st_dev:
-        env["TMPDIR"] = str(shm)
-    config = tiny_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint, ballast], max_steps=4)
-    log = tmp_path / "killed_run.log"
-    with log.open("w") as log_file:
-        process = subprocess.Popen(
-            [ERPO, "fit", "--config", str(config)], stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-            start_new_session=True,
-        )  # fmt: skip
-    last = folder / "last.ckpt"
-    before = None  # last.ckpt as step 2 left it, recorded once step 3's (slow) saving has begun
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline and process.poll() is None:
-        names = os.listdir(folder) if folder.is_dir() else []
-        if before is None and any("step=3" in name for name in names):
-            before = last.stat()
-        elif before is not None:
-            now = last.stat() if last.exists() else None
-            changed = now is None or (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns)
-            if changed or any(name.startswith(".last.ckpt.") for name in names):
-                os.killpg(process.pid, signal.SIGKILL)
-                break
-        time.sleep(0.002)
-    process.wait(timeout=60)
-    assert process.returncode == -signal.SIGKILL, log.read_text()[-3000:]
-    assert torch.load(last, weights_only=False)["global_step"] == 2  # step 3's last.ckpt never replaced it half-way
-
-    resume = tiny_config(tmp_path, tiny_model_path, data_file, callbacks=[checkpoint], max_steps=4)
-    resumed = subprocess.run(
-        [ERPO, "fit", "--config", str(resume), "--ckpt_path", "last"], capture_output=True, text=True, env=env,
-        cwd=tmp_path, timeout=600,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    output = resumed.stdout + resumed.stderr
-    assert f"Restored all states from the checkpoint at {last}" in output
-    final = torch.load(last, weights_only=False)
-    assert final["global_step"] == 4 and "ballast" not in final
-    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # the killed save's temporary file is gone
-    for noise in ("ModelCheckpoint with manual optimization", "litlogger", "LeafSpec", "tensorboardX", "Epoch 0/-"):
-        assert noise not in output, noise
 
 
 def test_command_line_lists_replace_and_append(config, capsys, tmp_path):
