@@ -9,7 +9,6 @@ import yaml
 from helpers.cli_runs import fails_in_one_line
 from helpers.fit_configs import fit_config, write_config
 
-from erpo_lightning.cli.checks import repeated_key
 from erpo_lightning.objectives import MAX_QUERY_KL_TOLERANCE
 from erpo_lightning.objectives.algorithms import resolve_algorithm
 from erpo_lightning.toy import SHIPPED_DIR
@@ -19,45 +18,6 @@ def config_file(tmp_path, **changes) -> str:
     """A valid 2-step config of the shipped toy model, as YAML text (`changes` by section)."""
     train = [{"path": str(SHIPPED_DIR / "train.jsonl"), "limit": 8}]
     return yaml.safe_dump(fit_config(SHIPPED_DIR, train, tmp_path / "run", **changes), sort_keys=False)
-
-
-# ------------------------------------------------------------------------------------ item 8: a key given twice
-@pytest.mark.parametrize(
-    ("text", "found"),
-    [
-        ("a: 1\nb: 2\na: 3\n", ("a", 1, 3)),
-        ("model:\n  learning_rate: 1\n  algorithm: erpo\n  learning_rate: 5\n", ("model.learning_rate", 2, 4)),
-        ("data:\n  train:\n    - {path: x, limit: 1, limit: 2}\n", ("data.train[0].limit", 3, 3)),
-        ("a: 1\nb: {a: 1}\n", None),  # the same name in two mappings is not a repetition
-        ("base: &base {x: 1}\none: {<<: *base, y: 2}\ntwo: {<<: *base, z: 3}\n", None),
-    ],
-    ids=["top level", "nested", "in a list", "two mappings", "merge keys"],
-)
-def test_repeated_keys_are_found_at_any_depth_with_their_lines(text, found):
-    assert repeated_key(yaml.compose(text, Loader=yaml.SafeLoader)) == found
-
-
-def test_a_config_file_giving_a_key_twice_is_refused_naming_the_key_the_lines_and_the_file(tmp_path, capsys):
-    text = config_file(tmp_path).replace("  algorithm: erpo\n", "  algorithm: erpo\n  algorithm: grpo\n")
-    path = tmp_path / "twice.yaml"
-    path.write_text(text)
-    lines = [number for number, line in enumerate(text.splitlines(), 1) if line == "  algorithm: grpo"]
-    line = fails_in_one_line(capsys, "fit", "--config", str(path))
-    assert line == (
-        f"erpo: error: {path}: key 'model.algorithm' is given twice (lines {lines[0] - 1} and {lines[0]}); YAML would "
-        "silently keep the second: remove one of them"
-    )
-
-
-def test_a_config_file_without_repeated_keys_still_parses(tmp_path, capsys):
-    path = tmp_path / "once.yaml"
-    path.write_text(config_file(tmp_path))
-    with pytest.raises(SystemExit) as stopped:
-        from erpo_lightning.cli.command import main
-
-        main(["fit", "--config", str(path), "--print_config"])
-    assert stopped.value.code in (0, None)
-    assert "algorithm: erpo" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------- item 9: a tolerance too wide to mean

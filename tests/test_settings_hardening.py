@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from helpers.cli_runs import fails_in_one_line, tiny_config
 
-from erpo_lightning.cli.command import main
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.settings import check_scoring_cache_engine
 from erpo_lightning.modules.step_metrics import (
@@ -103,37 +101,6 @@ def test_every_token_outside_the_band_for_three_steps_warns_once():
     assert [quiet.update(value) for value in (None, float("nan"), None, outside, outside)] == [None] * 5
 
 
-# ------------------------------------------------------------------------ item 2: text for a number, in one line
-def test_nan_for_the_cap_is_one_line_naming_the_field_and_its_values(capsys, config):
-    line = fails_in_one_line(capsys, "fit", "--config", config, "--model.rollout_correction_cap", "nan")
-    assert line.startswith("erpo: error: model.rollout_correction_cap must be >= 1 (.inf: no upper end), got nan")
-    assert "Union subtypes" not in line
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "expected"),
-    [
-        ("--model.rollout_correction_cap", "inf", "model.rollout_correction_cap: 'inf' is read as text; YAML writes "
-         "infinity as .inf (and -.inf): give a number or null"),
-        ("--model.clip_low", "abc", "model.clip_low: 'abc' is not a number; give a number or null"),
-        ("--model.micro_batch_tokens", "nan", "model.micro_batch_tokens: 'nan' is not a number (NaN is never a valid "
-         "setting); give a whole number"),
-        ("--model.dual_clip", "nan", "model.dual_clip must be > 1 (a multiple of -A), got nan"),
-        ("--rollout.temperature", "nan", "rollout.temperature must be > 0 and finite"),
-    ],
-)  # fmt: skip
-def test_text_for_a_number_names_the_field_and_what_it_takes(capsys, config, flag, value, expected):
-    line = fails_in_one_line(capsys, "fit", "--config", config, flag, value, "--print_config")
-    assert line.startswith(f"erpo: error: {expected}") and "Union subtypes" not in line
-
-
-def test_yaml_infinity_is_still_a_cap(capsys, config):
-    with pytest.raises(SystemExit) as exited:
-        main(["fit", "--config", config, "--model.rollout_correction_cap", ".inf", "--print_config"])
-    assert exited.value.code in (0, None)
-    assert "rollout_correction_cap: .inf" in capsys.readouterr().out
-
-
 # ------------------------------------------------- item 3: scoring that needs the cache's layout, refused up front
 @pytest.mark.parametrize("scoring", ["shared_prompt", "exact"])
 def test_layout_scoring_with_a_vllm_cache_is_refused_before_the_cache(capsys, tmp_path, config, scoring):
@@ -149,33 +116,3 @@ def test_layout_scoring_with_a_vllm_cache_is_refused_before_the_cache(capsys, tm
     assert not (tmp_path / "cache").exists()  # refused before the reference cache was started
     check_scoring_cache_engine("shared_forward", "vllm")  # the scoring that tolerates vLLM's rounding is let through
     check_scoring_cache_engine(scoring, "transformers")
-
-
-# ------------------------------------------------------------ item 4: a misspelt nested key, a key of validate's
-@pytest.mark.parametrize(
-    ("section", "expected"),
-    [
-        ({"model": {"learning_rat": 1e-4}}, "model: unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
-        ({"rollout": {"grop_size": 8}}, "rollout: unknown key 'grop_size' (did you mean 'group_size'?)"),
-        ({"data": {"max_prompt_lenght": 8}}, "data: unknown key 'max_prompt_lenght' (did you mean "
-         "'max_prompt_length'?)"),
-        ({"rollout": {"sampling": {"top_pp": 1}}}, "unknown key 'rollout.sampling.top_pp' (did you mean "
-         "'rollout.top_p'?)"),
-    ],
-)  # fmt: skip
-def test_a_misspelt_nested_yaml_key_names_the_closest_one(capsys, tmp_path, config, section, expected):
-    """Found when the whole config is validated (no --print_config): jsonargparse's "Subcommand 'fit' does not accept
-    option 'model.learning_rat'" named no valid key."""
-    typo = tmp_path / "typo.yaml"
-    typo.write_text(yaml.safe_dump(section))
-    line = fails_in_one_line(capsys, "fit", "--config", config, "--config", str(typo))
-    assert line == f"erpo: error: {expected}; `erpo fit --help` lists every option"
-
-
-def test_a_sweep_given_to_fit_is_said_to_be_validates(capsys):
-    sweep = str(CONFIGS / "quickstart_sweep.yaml")
-    line = fails_in_one_line(capsys, "fit", "--config", sweep)
-    assert line == (
-        f"erpo: error: {sweep}: top-level key 'sweep' is a setting of `erpo validate`, not of `erpo fit`: run "
-        f"`erpo validate --config <the run's config> --config {sweep}`, or remove 'sweep:' from the file"
-    )

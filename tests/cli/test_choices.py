@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 QUICKSTART = str(CONFIGS / "quickstart.yaml")
 PAPER = str(CONFIGS / "fsdp_qwen2.5_math_7b.yaml")
 

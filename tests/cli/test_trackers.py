@@ -10,7 +10,7 @@ import yaml
 from helpers.cli_runs import run_main
 from helpers.healthy_run import STEPS
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 OVERLAYS = {
     "logger_tensorboard.yaml": "lightning.pytorch.loggers.TensorBoardLogger",
     "logger_wandb.yaml": "lightning.pytorch.loggers.WandbLogger",

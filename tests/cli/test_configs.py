@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 OVERLAYS = {"grpo.yaml": "grpo", "grpo_kl.yaml": "grpo_kl", "dapo.yaml": "dapo", "rloo.yaml": "rloo"}
 
 # Parses (without instantiating anything: no model is loaded) each config as `erpo fit --print_config` does.

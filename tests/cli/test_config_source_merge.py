@@ -14,7 +14,7 @@ from helpers.cli_runs import fails_in_one_line
 
 from erpo_lightning.cli.command import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = "configs/quickstart.yaml"  # data.train: [{path: erpo_lightning/toy/shipped/train.jsonl, label: toy_train}]
 SMOLLM2 = "configs/smollm2_arith.yaml"  # the same source with limit: 320
 

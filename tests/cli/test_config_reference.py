@@ -21,7 +21,7 @@ from erpo_lightning.cli.config_reference import (
 )
 from erpo_lightning.objectives.algorithms import attribute_docs
 
-PAGE = Path(__file__).parents[1] / "docs" / "configuration.md"
+PAGE = Path(__file__).parents[2] / "docs" / "configuration.md"
 
 
 def words(text: str) -> str:
