@@ -8,7 +8,6 @@ import pytest
 from helpers.cli_runs import fails_in_one_line, tiny_config
 
 from erpo_lightning.callbacks.rollout import RolloutCallback
-from erpo_lightning.common.errors import one_line
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.rollout import HFEngine
@@ -60,11 +59,3 @@ def test_the_rollout_and_the_sweep_check_a_sampling_setting_by_one_rule(name, ba
     assert str(rollout.value) == f"rollout.{name} must be {allowed}, got {bad!r}"
     null = " (or null)" if name == "max_new_tokens" else ""
     assert str(sweep.value) == f"sweep.{name} must be {allowed}{null}, got {bad!r}"
-
-
-def test_one_line_messages():
-    assert one_line(ValueError("data.train:\n  row 3:   bad")) == "data.train: row 3: bad"
-    assert one_line(ZeroDivisionError("division by zero")) == "ZeroDivisionError: division by zero"
-    assert one_line(StopIteration()) == "StopIteration"
-    assert one_line(KeyError("prompt_ids")) == "KeyError: missing key 'prompt_ids'"
-    assert one_line(RuntimeError("x" * 5000)).endswith("x [...]") and len(one_line(RuntimeError("x" * 5000))) < 2100
