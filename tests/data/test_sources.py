@@ -183,3 +183,11 @@ def test_datamodule_without_training_sources_says_what_to_do(tiny_model_path):
     datamodule = QueryDataModule(str(tiny_model_path))  # fine for `erpo validate`, which needs no training data
     with pytest.raises(ValueError, match="data.train is empty"):
         datamodule.setup("fit")
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "erpo_lightning" / "toy" / "shipped"
+
+
+def test_a_source_with_limit_0_is_named():
+    with pytest.raises(DataError, match=r"train.jsonl: no rows to read \(limit: 0\); a source needs at least one row"):
+        load_queries({"path": str(SHIPPED / "train.jsonl"), "limit": 0})

@@ -1,7 +1,7 @@
-"""Data a newcomer brings (issue 67): a text cell among conversations is refused by file, row and column instead of
-being rendered with the plain template beside chat-rendered rows; an empty in-memory dataset is named by its place in
-`data.train`; a source losing most of its rows to `data.max_prompt_length` is warned about with the flag named.
-Built on the shipped toy model's tokenizer (with its chat template) and the shipped training problems."""
+"""The training set from the configured sources (`data/prepare.py`, issue 67): an empty in-memory dataset named by
+its place in `data.train`, a list of rows refused saying how to pass it, and a source losing most of its rows to
+`data.max_prompt_length` warned about with the flag named (a few lost rows only counted). Built on the shipped toy
+model's tokenizer (with its chat template) and the shipped training problems."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from transformers import AutoTokenizer
 
 from erpo_lightning.data import DataError, prepare_queries
 from erpo_lightning.data.prepare import OVERLONG_WARN_SHARE
-from erpo_lightning.data.sources import DatasetSource, load_queries
+from erpo_lightning.data.sources import DatasetSource
 from erpo_lightning.data.templates import resolve_template
 
-SHIPPED = Path(__file__).resolve().parents[1] / "erpo_lightning" / "toy" / "shipped"
+SHIPPED = Path(__file__).resolve().parents[2] / "erpo_lightning" / "toy" / "shipped"
 PLAIN = resolve_template("plain", suffix="\n")
 
 
@@ -39,40 +39,6 @@ def chat(problem: str) -> list[dict]:
 def write(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
-
-
-# -- a text cell in a conversational column -------------------------------------------------------------------------
-
-
-def test_a_text_cell_among_conversations_is_refused_by_file_row_and_column(tmp_path):
-    rows = [{"id": r["id"], "messages": chat(r["problem"]), "answer": r["answer"]} for r in shipped_rows(4)]
-    rows[2]["messages"] = rows[2]["messages"][0]["content"]  # a plain string beside chat lists
-    path = write(tmp_path / "chat.jsonl", rows)
-    with pytest.raises(DataError) as refused:
-        load_queries({"path": str(path), "problem_field": "messages"})
-    assert (
-        f"{path} line 3, row 3, field 'messages': problem is text, while 3 other row(s) of column 'messages' hold "
-        "conversations (first: row 1); a column holds one kind, since text is rendered with the plain template and "
-        "a conversation with the chat template: write it as a list of turns, [{role: user, content: ...}]"
-    ) in str(refused.value)
-    queries, skipped = load_queries({"path": str(path), "problem_field": "messages"}, skip_invalid=True)
-    assert [q.row for q in queries] == [1, 2, 4] and all(q.messages for q in queries)
-    assert skipped == {"mixed problem kinds": 1}
-
-
-def test_a_conversation_among_text_cells_is_the_odd_one(tmp_path):
-    rows = [{"id": r["id"], "problem": r["problem"], "answer": r["answer"]} for r in shipped_rows(3)]
-    rows[0]["problem"] = chat(rows[0]["problem"])
-    path = write(tmp_path / "text.jsonl", rows)
-    with pytest.raises(DataError, match=r"row 1, field 'problem': problem is a conversation, while 2 other row\(s\)"):
-        load_queries({"path": str(path)})
-
-
-def test_a_column_of_one_kind_is_accepted(tmp_path, tokenizer):
-    rows = [{"id": r["id"], "messages": chat(r["problem"]), "answer": r["answer"]} for r in shipped_rows(3)]
-    path = write(tmp_path / "chat.jsonl", rows)
-    prepared = prepare_queries([{"path": str(path), "problem_field": "messages"}], tokenizer, PLAIN, 128)
-    assert len(prepared.queries) == 3 and all(q.messages for q in prepared.queries)
 
 
 # -- an empty in-memory dataset -------------------------------------------------------------------------------------
@@ -98,11 +64,6 @@ def test_a_list_of_rows_is_refused_saying_how_to_pass_it(tokenizer):
             prepare_queries([rows], tokenizer, PLAIN, 64)
         assert f"got a list of {len(rows)} item(s)" in str(refused.value)
         assert "pass datasets.Dataset.from_list(rows)" in str(refused.value)
-
-
-def test_a_source_with_limit_0_is_named():
-    with pytest.raises(DataError, match=r"train.jsonl: no rows to read \(limit: 0\); a source needs at least one row"):
-        load_queries({"path": str(SHIPPED / "train.jsonl"), "limit": 0})
 
 
 # -- a source losing most of its rows to max_prompt_length ----------------------------------------------------------

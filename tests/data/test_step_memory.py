@@ -4,6 +4,7 @@ killed it, with no message. The CLI's refusal: tests/test_hostile_cli.py."""
 
 import pytest
 import torch
+from helpers.cli_runs import fails_in_one_line, tiny_config
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.data import step_memory
@@ -102,3 +103,22 @@ def test_the_fused_output_layer_holds_one_chunk_of_logits_not_the_micro_batch_s(
     assert step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4, fused_output=True), shipped) == (
         step_memory.step_memory(sizes(8), shipped)
     )
+
+
+@pytest.fixture()
+def config(tmp_path, tiny_model_path, benchmarks_dir):
+    return tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl")
+
+
+def test_sizes_that_cannot_fit_are_refused_before_the_model_loads(config, capsys, tmp_path):
+    """Issue 43 item 7: `rollout.group_size: 1000000` ran until the kernel killed it (325 s, no message). 10^8
+    responses to each of 2 queries need 192 TiB of KV cache alone: over 4x any machine's memory."""
+    line = fails_in_one_line(capsys, "fit", "--config", str(config), "--rollout.group_size", "100000000")
+    assert line.startswith(
+        "erpo: error: one step needs at least 195.1 TiB per device (rollout batch 3.0 TiB, generation 192.1 TiB, "
+        "micro-batch 40.0 MiB, weights 1.3 MiB) for data.batch_size × rollout.group_size = 200000000 rows of up to "
+        "1030 tokens (data.max_prompt_length + rollout.max_new_tokens), over 4x the "
+    ), line
+    assert line.endswith(": lower rollout.group_size, data.batch_size or the lengths or "
+                         "rollout.engine.init_args.micro_batch_size")  # fmt: skip
+    assert not (tmp_path / "cache").exists()

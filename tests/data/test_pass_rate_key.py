@@ -29,7 +29,7 @@ from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.rewards import CombinedReward, MathReward, ThinkFormatReward
 from erpo_lightning.rollout import HFEngine, RolloutSampler, SamplingSettings
 
-SHIPPED = Path(__file__).resolve().parents[1] / "erpo_lightning" / "toy" / "shipped"
+SHIPPED = Path(__file__).resolve().parents[2] / "erpo_lightning" / "toy" / "shipped"
 
 
 @pytest.fixture(scope="module")
