@@ -29,7 +29,7 @@ def step_of(path: Path) -> int:
     return read_checkpoint(path)["global_step"]
 
 
-# ---------------------------------------------------------------------------- item 10: the final step is saved
+# ------------------------------------------------------------------- issue 54 item 10: the final step is saved
 def test_last_holds_the_final_step_when_max_steps_is_not_a_multiple_of_the_interval(tmp_path):
     train(tmp_path, 5, every_n_train_steps=2, save_last=True)
     assert step_of(tmp_path / "last.ckpt") == 5

@@ -275,7 +275,7 @@ def test_kill_during_a_slow_save_then_resume_last(tmp_path, tiny_model_path, ben
         assert noise not in output, noise
 
 
-# ------------------------------------------------------------------ item 11: a checkpoint file that cannot be read
+# --------------------------------------------------------- issue 54 item 11: a checkpoint file that cannot be read
 @pytest.fixture(scope="module")
 def whole_checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("whole") / "whole.ckpt"

@@ -86,7 +86,7 @@ def config_file(tmp_path, **changes) -> str:
     return yaml.safe_dump(fit_config(SHIPPED_DIR, train, tmp_path / "run", **changes), sort_keys=False)
 
 
-# ------------------------------------------------------------------------------------ item 8: a key given twice
+# --------------------------------------------------------------------------- issue 54 item 8: a key given twice
 @pytest.mark.parametrize(
     ("text", "found"),
     [

@@ -91,7 +91,7 @@ def config(tmp_path):
     return str(tiny_config(tmp_path, SHIPPED_DIR, SHIPPED_DIR / "train.jsonl"))
 
 
-# ------------------------------------------------------------------------ item 2: text for a number, in one line
+# --------------------------------------------------------------- issue 67 item 2: text for a number, in one line
 def test_nan_for_the_cap_is_one_line_naming_the_field_and_its_values(capsys, config):
     line = fails_in_one_line(capsys, "fit", "--config", config, "--model.rollout_correction_cap", "nan")
     assert line.startswith("erpo: error: model.rollout_correction_cap must be >= 1 (.inf: no upper end), got nan")
@@ -122,7 +122,7 @@ def test_yaml_infinity_is_still_a_cap(capsys, config):
     assert "rollout_correction_cap: .inf" in capsys.readouterr().out
 
 
-# ------------------------------------------------------------ item 4: a misspelt nested key, a key of validate's
+# --------------------------------------------------- issue 67 item 4: a misspelt nested key, a key of validate's
 @pytest.mark.parametrize(
     ("section", "expected"),
     [
