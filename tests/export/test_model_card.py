@@ -1,6 +1,8 @@
 """`erpo export`'s model card (README.md in the exported folder): the run's true global step, algorithm and resolved
 loss settings, and the numbers of its last temperature sweep, each compared with the checkpoint and metrics.csv read
-here on their own."""
+here on their own. A checkpoint records where its run logged (issue 67): another run's metrics.csv beside it is not
+read, a checkpoint without the record takes the file beside it saying so, and HFExportCallback's card is the one
+`erpo export` writes."""
 
 import csv
 import math
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers.fit_configs import run_erpo
 from lightning.pytorch.loggers import CSVLogger
 
@@ -189,3 +192,106 @@ def test_a_checkpoint_that_says_little_still_gets_a_card(tmp_path):
     assert card.startswith("---\nbase_model: Qwen/Qwen2.5-Math-1.5B\nlibrary_name: transformers\n")
     assert "- global step: unknown" in card and "- algorithm: `erpo`" in card
     assert "Note: the sweep history in" in card and "No sweep was logged" in card
+
+
+# ------------------------------------------------- the model card: another run's metrics.csv, HFExportCallback's card
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory, tiny_model_path, benchmarks_dir) -> Path:
+    """A 1-step `erpo fit` of the tiny model with a CSV logger, `last.ckpt` in the logger's version folder (Lightning's
+    default) and HFExportCallback writing `<root>/hf`; the run's root."""
+    from helpers.cli_runs import tiny_config
+    from helpers.fit_configs import csv_logger
+    from helpers.resume_runs import run_main
+
+    root = tmp_path_factory.mktemp("logged_run")
+    callbacks = [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}},
+        {"class_path": "erpo_lightning.callbacks.HFExportCallback", "init_args": {"output_dir": str(root / "hf")}},
+    ]
+    config = tiny_config(root, tiny_model_path, benchmarks_dir / "gsm8k.jsonl", callbacks=callbacks, max_steps=1)
+    settings = yaml.safe_load(config.read_text())
+    settings["trainer"].update(logger=csv_logger(root / "logs"), log_every_n_steps=1)
+    config.write_text(yaml.safe_dump(settings))
+    assert run_main("fit", "--config", str(config)) == 0
+    return root
+
+
+def last_checkpoint(root: Path) -> Path:
+    (path,) = (root / "logs").rglob("last.ckpt")
+    return path
+
+
+def sweep_file(folder: Path, step: int = 1) -> Path:
+    """A metrics.csv in `folder` holding one sweep row (Avg@k 0.625 on gsm8k) logged at `step`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "metrics.csv"
+    path.write_text(f"step,train/loss,val/avg@k/gsm8k,val/avg@k/mean\n{step},0.5,0.625,0.625\n")
+    return path
+
+
+def placed(checkpoint: Path, target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(checkpoint, target))
+
+
+def test_the_checkpoint_records_where_its_run_logged(logged_run):
+    from erpo_lightning.checkpoints.files import read_checkpoint
+
+    checkpoint = last_checkpoint(logged_run)
+    record = read_checkpoint(checkpoint)["erpo"]["logged_run"]
+    assert record == {"csv_log_dirs": [str(checkpoint.parents[1].resolve())], "checkpoint_dir": str(checkpoint.parent)}
+    assert (checkpoint.parents[1] / "metrics.csv").is_file()
+
+
+def test_another_runs_metrics_beside_the_checkpoint_is_not_read(logged_run, tmp_path):
+    """The checkpoint copied beside another run's metrics.csv (with a sweep): the card names that file as not this
+    run's and shows no sweep; the same file where the run's folder, moved whole, would hold it is read."""
+    checkpoint = last_checkpoint(logged_run)
+    log_dir = checkpoint.parents[1].resolve()
+    for where in (tmp_path / "other" / "checkpoints" / "last.ckpt", tmp_path / "version_0" / "last.ckpt"):
+        copy = placed(checkpoint, where)
+        metrics = sweep_file(copy.parent if copy.parent.name == "version_0" else copy.parents[1])
+        card = (export_checkpoint(copy, tmp_path / f"hf_{where.parent.name}") / "README.md").read_text()
+        assert (
+            f"Note: {metrics} was not read: it is not the log of the run that wrote the checkpoint, which logged to "
+            f"{log_dir}; pass that run's file with --metrics."
+        ) in card
+        assert "No sweep was logged" in card and "| gsm8k |" not in card
+        shutil.rmtree(copy.parent)
+    moved = placed(checkpoint, tmp_path / "moved" / "version_0" / "checkpoints" / "last.ckpt")
+    metrics = sweep_file(moved.parents[1])
+    card = (export_checkpoint(moved, tmp_path / "hf_moved") / "README.md").read_text()
+    assert f"read from {metrics}, its row logged at step 1." in card and "| gsm8k | 0.6250 |" in card
+    assert "Note:" not in card
+
+
+def test_a_checkpoint_without_the_record_takes_the_file_saying_so(logged_run, tmp_path):
+    from erpo_lightning.export.model_card import model_card
+
+    checkpoint = torch.load(last_checkpoint(logged_run), map_location="cpu", weights_only=True)
+    path = tmp_path / "other" / "checkpoints" / "last.ckpt"
+    metrics = sweep_file(tmp_path / "other")
+    del checkpoint["erpo"]["logged_run"]
+    card = model_card(checkpoint, path, "base")
+    assert f"Note: {metrics} was taken as this run's log without a check: the checkpoint does not record" in card
+    assert "| gsm8k | 0.6250 |" in card
+    checkpoint["erpo"]["logged_run"] = {"csv_log_dirs": [], "checkpoint_dir": None}
+    card = model_card(checkpoint, path, "base")
+    assert f"Note: {metrics} was not read: the run that wrote the checkpoint logged no metrics.csv" in card
+    assert "No sweep was logged" in card
+
+
+def test_the_runs_own_hf_model_has_the_card_erpo_export_writes(logged_run, tmp_path):
+    """HFExportCallback's folder holds README.md, the same card as `erpo export` of the run's last checkpoint (the
+    same step, settings and data), but for the lines saying what wrote it."""
+    callback_card = (logged_run / "hf" / "README.md").read_text()
+    export_card = (export_checkpoint(last_checkpoint(logged_run), tmp_path / "hf") / "README.md").read_text()
+    assert "- checkpoint: none (written from the policy in memory)\n" in callback_card
+    assert "Exported by `HFExportCallback` (during training) of erpo-lightning" in callback_card
+    assert "- global step: 1\n" in callback_card and "- algorithm: `erpo`" in callback_card
+    assert "- training data: path " in callback_card and "No sweep was logged" in callback_card
+
+    def kept(card: str) -> list[str]:
+        return [line for line in card.splitlines() if not line.startswith(("- checkpoint:", "Exported by"))]
+
+    assert kept(callback_card) == kept(export_card)

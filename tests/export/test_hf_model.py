@@ -1,5 +1,5 @@
 """`erpo export`: a training checkpoint (a file or an FSDP2 sharded folder) as a Hugging Face folder holding the
-trained weights, which transformers and vLLM load."""
+trained weights, which transformers and vLLM load; and it says which step it ships (issue 54 item 10)."""
 
 import os
 import shutil
@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from erpo_lightning.callbacks.export import export_policy
 from erpo_lightning.checkpoints.files import add_tensor_digest
 from erpo_lightning.common.errors import SettingsError
-from erpo_lightning.export.hf_model import export_checkpoint
+from erpo_lightning.export.hf_model import checkpoint_model_settings, export_checkpoint
 from erpo_lightning.scoring.logprobs import sequence_logprobs
 from erpo_lightning.toy import SHIPPED_DIR
 
@@ -141,3 +141,16 @@ def test_vllm_generates_from_the_export_with_its_weights(trained_checkpoint, tmp
     with torch.no_grad():
         recomputed = sequence_logprobs(model, ids, torch.ones_like(ids), 1.0)[0, len(prompt) :]
     assert torch.allclose(recomputed, sampled, atol=1e-3)
+
+
+def test_export_says_which_step_it_ships(tmp_path, capsys):
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32)
+    checkpoint = tmp_path / "last.ckpt"
+    state = {f"policy.{name}": value for name, value in model.state_dict().items()}
+    hyper_parameters = {"model_path": str(SHIPPED_DIR)}
+    torch.save({"global_step": 5, "hyper_parameters": hyper_parameters, "state_dict": state}, checkpoint)
+    assert checkpoint_model_settings(checkpoint)["global_step"] == 5
+    from erpo_lightning.export.hf_model import main as export
+
+    export(["--ckpt_path", str(checkpoint), "--out", str(tmp_path / "hf")])
+    assert f"exported the policy of {checkpoint} (global step 5) to {tmp_path / 'hf'}" in capsys.readouterr().out

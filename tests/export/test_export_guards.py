@@ -1,6 +1,7 @@
 """`erpo export` guards (issue 54, items 2 and 3, and the tied-head export of item 1): output paths refused before
 anything loads, the written folder read back before "exported" is printed, the adapter folder naming its base model
-by an absolute path, and a trained head never written under `tie_word_embeddings: true`.
+by an absolute path, a trained head never written under `tie_word_embeddings: true`, and an empty checkpoint named
+in one line (item 11).
 
 The checkpoints are built in this process from the shipped toy model (no training run): the export reads only the
 module's hyper-parameters and the `policy.*` weights."""
@@ -223,3 +224,12 @@ def test_an_export_on_a_full_disk_names_the_folder_and_leaves_no_partial_one(
     else:
         assert line.endswith("; the partial export was removed") and not out.exists()
     assert "exported" not in captured.out
+
+
+def test_an_empty_checkpoint_given_to_export_is_one_line_naming_it(tmp_path, capsys):
+    empty = tmp_path / "last.ckpt"
+    empty.touch()
+    assert run_main("export", "--ckpt_path", str(empty), "--out", str(tmp_path / "hf")) == 1
+    err = capsys.readouterr().err
+    assert f"erpo: error: checkpoint {empty} cannot be read: it is empty (0 bytes)" in err and "Traceback" not in err
+    assert not (tmp_path / "hf").exists()
