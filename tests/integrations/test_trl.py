@@ -37,7 +37,7 @@ from erpo_lightning.objectives.algorithms import resolve_algorithm
 from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
 from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_import_erpo_lightning_never_imports_trl():
