@@ -13,7 +13,6 @@ import torch
 from helpers.cli_runs import fails_in_one_line, tiny_config
 
 from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.modules.settings import check_scoring_cache_engine
 from erpo_lightning.modules.step_metrics import (
     SATURATED_STEPS,
     SaturatedCorrection,
@@ -99,20 +98,3 @@ def test_every_token_outside_the_band_for_three_steps_warns_once():
     # No correction logged (None) or a step without the metric (NaN) is not saturation.
     quiet = SaturatedCorrection(settings)
     assert [quiet.update(value) for value in (None, float("nan"), None, outside, outside)] == [None] * 5
-
-
-# ------------------------------------------------- item 3: scoring that needs the cache's layout, refused up front
-@pytest.mark.parametrize("scoring", ["shared_prompt", "exact"])
-def test_layout_scoring_with_a_vllm_cache_is_refused_before_the_cache(capsys, tmp_path, config, scoring):
-    line = fails_in_one_line(
-        capsys, "fit", "--config", config, "--model.query_kl_scoring", scoring, "--data.cache_engine", "vllm"
-    )
-    assert line == (
-        f"erpo: error: model.query_kl_scoring {scoring!r} cannot be used with data.cache_engine 'vllm': it scores "
-        "each query in the layout the reference cache was computed in, to equal it bit for bit, and vLLM's "
-        "prompt_logprobs have no such layout (they match to about 1e-6); set data.cache_engine transformers, or "
-        "model.query_kl_scoring shared_forward"
-    )
-    assert not (tmp_path / "cache").exists()  # refused before the reference cache was started
-    check_scoring_cache_engine("shared_forward", "vllm")  # the scoring that tolerates vLLM's rounding is let through
-    check_scoring_cache_engine(scoring, "transformers")

@@ -1,8 +1,9 @@
-"""LoRA checkpoints and adapter folders (issue 67): `erpo validate` of a LoRA run's checkpoint with a config lacking
-its `model.peft` is one line naming the run's settings (not torch's "Missing key(s)" listing every layer); an adapter
-folder whose `adapter_model.safetensors` is cut short or has a damaged header is named; an adapter trained on another
-base model (its `adapter_config.json`'s `base_model_name_or_path`) is refused when both are local folders whose weights
-differ, and warned about when they can only be compared by name.
+"""LoRA checkpoints and adapter folders (issue 67; `checkpoints/policy_weights.py`, `modules/lora_files.py`):
+`erpo validate` of a LoRA run's checkpoint with a config lacking its `model.peft` is one line naming the run's
+settings (not torch's "Missing key(s)" listing every layer); an adapter folder whose `adapter_model.safetensors` is
+cut short or has a damaged header is named; an adapter trained on another base model (its `adapter_config.json`'s
+`base_model_name_or_path`) is refused when both are local folders whose weights differ, and warned about when they
+can only be compared by name. The tests share one module fixture (the run below), so they stay in one file.
 
 The checkpoint is a real one: a 1-step LoRA `erpo fit` of the tiny model in this process; the adapter folder is its
 `erpo export --adapter_out`."""

@@ -34,7 +34,7 @@ from erpo_lightning.modules.lora import LoraSettings, lora_config
 from erpo_lightning.toy import SHIPPED_DIR
 
 LORA = {"r": 4, "alpha": 8.0}
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = Path(__file__).parents[1]
 
 
 def is_adapter(name: str) -> bool:

@@ -32,7 +32,7 @@ from erpo_lightning.toy import SHIPPED_DIR
 from erpo_lightning.toy.tiny_qwen2 import save_tiny_model
 from erpo_lightning.weights.merged import base_model_state_dict
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = Path(__file__).parents[1]
 LORA = {"r": 4, "alpha": 8}  # 23,552 adapter parameters on the toy model's 283,968: 7.7% of 307,520
 PROBE = "Compute 7 + 8 - 5.\n"
 VLLM_ENGINE = {
