@@ -1,4 +1,5 @@
-"""Unit tests of the math reward: extraction, equivalence rules, pool life cycle, counters."""
+"""Unit tests of the math reward: extraction, equivalence rules, pool life cycle, counters, and answers too deep or
+too long counted zero."""
 
 from __future__ import annotations
 
@@ -192,3 +193,13 @@ def test_a_custom_reward_with_the_wrong_number_of_values_is_refused_with_the_cou
     assert str(error.value).startswith(f"the reward {__name__}.{OffByOne.__qualname__} {message}")
     exact = RolloutSampler(_EchoEngine(), lambda responses, golds: [0.5] * len(responses), tokenizer=tokenizer)
     assert exact.sample_and_grade(prompts, ["2", "4"], n=3, temperature=1.0, seed=0).rewards.shape == (2, 3)
+
+
+def test_deep_and_long_answers_are_counted_zero():
+    with MathReward(num_workers=0, max_depth=8, max_answer_chars=50, max_response_chars=1_000) as reward:
+        deep = "\\boxed{" + "(" * 9 + "5" + ")" * 9 + "}"
+        shallow = "\\boxed{" + "(" * 8 + "5" + ")" * 8 + "}"
+        assert reward([deep, shallow], ["5", "5"]) == [0.0, 1.0]
+        assert reward(["\\boxed{" + "1" * 51 + "}", "x" * 1_001 + "\\boxed{5}"], ["1" * 51, "5"]) == [0.0, 0.0]
+        counters = reward.counters()
+    assert (counters["too_deep"], counters["too_long"], counters["items"]) == (1, 2, 4)

@@ -1,4 +1,6 @@
-"""Generated hostile model outputs: every call returns a score within ``timeout_s + 1 s`` and nothing raises.
+"""Generated hostile model outputs graded by the verifier pool (`rewards/pool.py`): every call returns a score within
+``timeout_s + 1 s``, nothing raises and the pool stays healthy; a rollout batch with 1,500 nested ``{}`` is graded
+in time.
 
 Families: bracket nesting up to 100,000 levels (inside and outside ``\\boxed{}``), responses of 1-5 MB, mixed
 unicode (astral characters, lone surrogates, combining marks, right-to-left text, NUL bytes), long digit runs,
@@ -80,16 +82,6 @@ def test_50_hostile_strings_score_within_the_deadline(reward):
 @pytest.mark.slow
 def test_500_hostile_strings_score_within_the_deadline(reward):
     _feed(reward, hostile_strings(500, seed=2))
-
-
-def test_deep_and_long_answers_are_counted_zero():
-    with MathReward(num_workers=0, max_depth=8, max_answer_chars=50, max_response_chars=1_000) as reward:
-        deep = "\\boxed{" + "(" * 9 + "5" + ")" * 9 + "}"
-        shallow = "\\boxed{" + "(" * 8 + "5" + ")" * 8 + "}"
-        assert reward([deep, shallow], ["5", "5"]) == [0.0, 1.0]
-        assert reward(["\\boxed{" + "1" * 51 + "}", "x" * 1_001 + "\\boxed{5}"], ["1" * 51, "5"]) == [0.0, 0.0]
-        counters = reward.counters()
-    assert (counters["too_deep"], counters["too_long"], counters["items"]) == (1, 2, 4)
 
 
 def test_1500_nested_braces_in_a_rollout_batch():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # 100 pairs; every 4th needs the symbolic step (a worker), every 3rd is wrong. Printed: number correct, workers used.
 GRADE_100 = textwrap.dedent(

@@ -15,7 +15,7 @@ import yaml
 
 from erpo_lightning.rewards import MathReward
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOWERS = ["The answer is 9^9^9^9", "\\boxed{9^9^9^9}", "\\boxed{9^{9^{9^{9}}}}", "So $9^9^9^9$ it is."]
 
 
