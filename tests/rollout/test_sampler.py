@@ -21,7 +21,7 @@ from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine, RolloutSampler, SamplingSettings
 from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
-SHIPPED = Path(__file__).resolve().parents[1] / "erpo_lightning" / "toy" / "shipped"
+SHIPPED = Path(__file__).resolve().parents[2] / "erpo_lightning" / "toy" / "shipped"
 OWN = f"{__name__}.constant.<locals>.returns_value"  # how messages name the reward `constant` makes
 PROBLEMS = [json.loads(line) for line in (SHIPPED / "train.jsonl").read_text().splitlines()[:2]]
 

