@@ -27,7 +27,7 @@ XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: env
 	.venv/bin/python -m pytest -q tests -m "not heavy" $(XDIST) --durations=25
 
-# The real 135M model trained with vLLM end to end, fp32 and bf16 (tests/test_real_model.py).
+# The real 135M model trained with vLLM end to end, fp32 and bf16 (tests/end_to_end/test_real_model.py).
 test-heavy: env
 	.venv/bin/python -m pytest -q tests -m heavy
 

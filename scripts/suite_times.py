@@ -3,9 +3,9 @@
     .venv/bin/python -m pytest -q tests -m "not heavy" -n 0 --junitxml=/tmp/suite.xml
     .venv/bin/python scripts/suite_times.py /tmp/suite.xml
 
-An area is a test file (`tests/test_lora.py`), with the studies' tests (`tests/studies/`) as one area. Seconds are
-each test's setup, call and teardown as pytest recorded them; under pytest-xdist they add up the workers' time, not
-the wall clock.
+An area is a test file (`tests/modules/test_lora.py`), with the studies' tests (`tests/studies/`) as one area.
+Seconds are each test's setup, call and teardown as pytest recorded them; under pytest-xdist they add up the workers'
+time, not the wall clock.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from pathlib import Path
 
 
 def area_of(classname: str) -> str:
-    """`tests.studies.test_brake_study` -> `tests/studies/`; `tests.test_lora` -> `tests/test_lora.py`."""
+    """`tests.studies.test_brake_study` -> `tests/studies/`; `tests.modules.test_lora` (or a class in it,
+    `tests.modules.test_lora.TestX`) -> `tests/modules/test_lora.py`."""
     parts = classname.split(".")
     if len(parts) > 2 and parts[1] == "studies":
         return "tests/studies/"
-    return "/".join(parts[:2]) + ".py"
+    module = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+    return "/".join(parts[: module + 1]) + ".py"
 
 
 def area_times(xml_path: Path) -> tuple[dict[str, float], dict[str, int]]:

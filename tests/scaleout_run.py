@@ -1,4 +1,5 @@
-"""One training run of `tests/test_distributed.py`: ERPOModule on fixed global rollout batches, under a strategy.
+"""One training run of `tests/end_to_end/test_distributed.py`: ERPOModule on fixed global rollout batches, under a
+strategy.
 
     python tests/scaleout_run.py MODEL_DIR OUT_DIR --strategy {single,ddp,fsdp} --config CONFIG [CONFIG ...]
         [--save-checkpoints] [--resume CHECKPOINT] [--num-nodes 2]

@@ -4,7 +4,7 @@ docs/loss_settings.md is generated from `Algorithm`'s; the loss fields stay ther
 
 Each table sits between `<!-- generated: <group> ... -->` and `<!-- end generated: <group> -->` in the page; the
 prose around them is hand-written. `python -m erpo_lightning.cli.config_reference --write docs/configuration.md`
-(WRITE_COMMAND) rewrites the tables in place; without `--write` it prints them. tests/test_config_reference.py fails
+(WRITE_COMMAND) rewrites the tables in place; without `--write` it prints them. tests/cli/test_config_reference.py fails
 when a parameter has no entry, an entry names no parameter, or the page differs from what this module writes.
 """
 

@@ -10,7 +10,7 @@ plain step's N·(P + R) plus the exact pass's Q·W.
 The responses' gradient reaches the prompt forward in one backward at the end of the step: each micro-batch's
 backward stops at detached copies of the keys, values and last logits (leaves, whose gradients accumulate), and
 `PromptPass.closing_loss` sends what they gathered, with the Query-KL term, through the prompt forward once. The
-loss and gradients equal the plain forward's up to float rounding (tests/test_shared_prompt.py).
+loss and gradients equal the plain forward's up to float rounding (tests/update/test_shared_prompt.py).
 
 Gradient checkpointing (`model.gradient_checkpointing`) keeps working, for both forwards. Hugging Face's
 checkpointed layers would drop `past_key_values` (they cannot know whether a recomputation in backward writes the
@@ -24,9 +24,9 @@ activation (non-reentrant checkpointing, which `ERPOModule` uses; reentrant chec
 a graph, so it is refused here). The prompt forward thus stays checkpointed too: what it keeps until the step's
 last backward is the keys, values and logits the responses read, not every layer's activations. A cache a model
 did not read raises (`PrefixCache.check_read`), so no transformers version can drop it silently. Under checkpointing
-the loss and gradients equal the exact step's within rounding (tests/test_shared_prompt_checkpointing.py).
+the loss and gradients equal the exact step's within rounding (tests/update/test_shared_prompt_checkpointing.py).
 
-Under DDP and FSDP2 (gloo, 2 processes) a run equals one process's (tests/test_distributed.py).
+Under DDP and FSDP2 (gloo, 2 processes) a run equals one process's (tests/end_to_end/test_distributed.py).
 """
 
 from __future__ import annotations

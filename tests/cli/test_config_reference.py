@@ -1,6 +1,6 @@
 """The `model:`, `data:` and `rollout:` settings are written once: each constructor parameter's `Args:` entry in its
 owner's docstring. `erpo fit --help` and docs/configuration.md's generated tables must follow them (the loss fields:
-tests/test_loss_settings.py)."""
+tests/objectives/test_algorithms.py)."""
 
 import inspect
 import re

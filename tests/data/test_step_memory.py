@@ -1,6 +1,6 @@
 """A step's sizes against the machine's memory (issue 43 item 7): settings that cannot fit are refused before the
 model loads, and settings that may not fit are warned of; `rollout.group_size: 1000000` used to run until the kernel
-killed it, with no message. The CLI's refusal: tests/test_hostile_cli.py."""
+killed it, with no message; now `erpo fit` refuses it in one line (issue 43 item 7)."""
 
 import pytest
 import torch

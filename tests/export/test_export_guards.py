@@ -51,7 +51,7 @@ def probe_logits(model: torch.nn.Module) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def full_checkpoint(tmp_path_factory) -> Path:
     """A full fine-tuning checkpoint of the toy model (its initial weights: what the export carries is checked in
-    tests/test_export.py)."""
+    tests/export/test_hf_model.py)."""
     model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32)
     path = tmp_path_factory.mktemp("full") / "full.ckpt"
     return save_checkpoint(path, model, {"model_path": str(SHIPPED_DIR), "dtype": "float32"})

@@ -1,6 +1,6 @@
 """The TRL integration tests' shared set-up: fixed prompts, completions and rewards, and an `ERPOTrainer` (or TRL's
-`GRPOTrainer`) on them, so that no assertion depends on sampling (tests/test_trl_integration.py,
-tests/test_trl_hostile.py)."""
+`GRPOTrainer`) on them, so that no assertion depends on sampling (tests/integrations/test_trl.py,
+tests/integrations/test_trl_guards.py)."""
 
 from __future__ import annotations
 

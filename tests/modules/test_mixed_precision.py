@@ -130,7 +130,7 @@ def test_bf16_compute_with_the_shared_prompt_and_checkpointing(tiny_model_path):
     """The three together: at θ0 every query token's log-ratio is exactly 0, and off θ0 checkpointing leaves the
     shared-prompt step's gradients as they are without it (bfloat16 rounding of the recomputed forward equals the
     first forward's). Against the exact step they differ by bfloat16 rounding (1.3% of the largest entry measured),
-    which is why the float32 equality is tested in tests/test_shared_prompt_checkpointing.py only."""
+    which is why the float32 equality is tested in tests/update/test_shared_prompt_checkpointing.py only."""
     path = ComputePath.parse(MIXED)
     algorithm = resolve_algorithm("erpo", query_kl_tolerance=0.0)
     grads = {}

@@ -96,7 +96,7 @@ NOT_EQUIVALENT = [
     ("1331 \\text{ and } 1728", "1728"),
     ("7.78", "7.8"),
     ("x^2+2x+1", "x^3+2x+1"),
-    ("\\sqrt{3}", "1.732"),  # an approximation: only with accept_approximations (see test_grader_conventions.py)
+    ("\\sqrt{3}", "1.732"),  # an approximation: only with accept_approximations (see test_conventions.py)
     ("1000000", "1000000.4"),  # a relative tolerance is opt-in (rel_tol)
 ]
 

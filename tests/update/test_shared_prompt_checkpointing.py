@@ -1,7 +1,7 @@
 """The shared prompt under gradient checkpointing (`update/shared_prompt.py`): both forwards stay checkpointed, the
 responses read their prompt's keys and values through a cache that a recomputation cannot change, Query-KL at θ0
 is exactly 0 in float32 and bfloat16, and the step's loss and gradients equal the exact step's within float32
-rounding (the same tolerances as tests/test_shared_prompt.py: loss rtol 1e-5, gradients rtol 1e-4 / atol 1e-6;
+rounding (the same tolerances as tests/update/test_shared_prompt.py: loss rtol 1e-5, gradients rtol 1e-4 / atol 1e-6;
 measured here: 1.5e-6 of the largest entry, with checkpointing and without)."""
 
 import csv
