@@ -1,15 +1,13 @@
-"""RolloutCallback inside a real Trainer.fit on the tiny model, with Hugging Face generate and with real vLLM; the
-callbacks' own settings checks; a fit that survives a hostile response (1,500 nested `{}` in `\\boxed{}`, issue 18)."""
+"""RolloutCallback inside a real Trainer.fit on the tiny model, with Hugging Face generate and with real vLLM; and the
+callbacks' own settings checks."""
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from helpers.policies import ParityReward, PolicyModule, fit_rollouts, query_loader
 
 from erpo_lightning.callbacks import RolloutCallback
 from erpo_lightning.data import QueryDataModule
-from erpo_lightning.rewards import MathReward
-from erpo_lightning.rollout import HFEngine, Sample, VLLMEngine
+from erpo_lightning.rollout import HFEngine, VLLMEngine
 from erpo_lightning.rollout.batch import RolloutBatch
 from erpo_lightning.scoring.logprobs import sequence_logprobs
 from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model
@@ -191,51 +189,3 @@ def test_rollout_callback_checks_its_settings():
     with pytest.raises(ValueError, match=r"rollout.temperature must be > 0 .*got nan"):
         RolloutCallback(HFEngine(), reward, temperature=float("nan"))
     RolloutCallback(HFEngine(), reward, group_size=1, temperature=0.6)  # G = 1 is the module's concern
-
-
-NESTED = "Let me think. \\boxed{" + "{" * 1_500 + "7" + "}" * 1_500 + "}"
-
-
-class OneHostileResponseEngine(HFEngine):
-    """Hugging Face generate, except that the first response of the first call is `NESTED` (its tokens)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hostile_ids = build_byte_tokenizer().encode(NESTED, add_special_tokens=False)
-        self.injected = False
-
-    def generate(self, prompt_ids, settings):
-        groups = super().generate(prompt_ids, settings)
-        if not self.injected:
-            groups[0][0] = Sample(self.hostile_ids, [0.0] * len(self.hostile_ids), "stop")
-            self.injected = True
-        return groups
-
-
-class RecordGraderCounters(pl.Callback):
-    def __init__(self) -> None:
-        self.too_deep: list[float] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.too_deep.append(float(trainer.callback_metrics["rollout/grader_too_deep"]))
-
-
-def test_fit_survives_1500_nested_braces_and_counts_them(tiny_model_path):
-    module = PolicyModule(str(tiny_model_path))
-    engine = OneHostileResponseEngine()
-    recorder = RecordGraderCounters()
-    with MathReward(num_workers=1, timeout_s=2.0) as reward:
-        rollout = RolloutCallback(engine, reward, group_size=2, temperature=0.8, max_new_tokens=8, seed=0)
-        trainer = pl.Trainer(
-            max_steps=2, accelerator="cpu", callbacks=[rollout, recorder], logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False,
-        )  # fmt: skip
-        trainer.fit(module, train_dataloaders=query_loader(["7", "7"], batch_size=1))
-
-    assert engine.injected and len(module.batches) == 2
-    first = module.batches[0]
-    response = first.input_ids[0, first.prompt_length :][first.response_mask[0].bool()]
-    assert response.tolist() == engine.hostile_ids  # the hostile response was trained on, as generated
-    assert first.rewards[0] == 0.0  # too deep to grade: scored wrong, not raised
-    assert recorder.too_deep == [1.0, 0.0]  # counted in the step that graded it (counters reset per step)
-    assert all(torch.isfinite(p).all() for p in module.policy.parameters())
