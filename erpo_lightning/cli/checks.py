@@ -24,7 +24,12 @@ from erpo_lightning.data.datamodule import check_data_settings
 from erpo_lightning.data.step_memory import check_fit_memory
 from erpo_lightning.evaluation import SweepConfig
 from erpo_lightning.modules.lora import adapter_parameters_before_loading
-from erpo_lightning.modules.settings import check_module_settings, check_scoring_cache_engine, check_trainer_precision
+from erpo_lightning.modules.settings import (
+    check_module_settings,
+    check_offload_strategy,
+    check_scoring_cache_engine,
+    check_trainer_precision,
+)
 from erpo_lightning.objectives import check_group_size
 from erpo_lightning.objectives.algorithms import Algorithm, resolve_algorithm
 from erpo_lightning.weights.gguf import is_gguf, resolve_model_path
@@ -285,6 +290,7 @@ def check_settings(config: Namespace, subcommand: str) -> None:
         # 'current' with query_weight_norm 'dataset').
         check_module_settings(model.as_dict())
         check_trainer_precision(config.trainer.get("precision"))
+        check_offload_strategy(bool(model.get("offload_optimizer")), config.trainer.as_dict().get("strategy"))
         algorithm = resolve_algorithm(model.algorithm, **{f.name: model.get(f.name) for f in fields(Algorithm)})
         if subcommand == "fit":  # what RolloutCallback.setup checks against the module's algorithm
             check_group_size(algorithm.advantage_estimator, config.rollout.group_size)

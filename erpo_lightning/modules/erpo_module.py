@@ -31,12 +31,13 @@ from erpo_lightning.modules.batch_checks import check_carried_weights, check_los
 from erpo_lightning.modules.distributed import all_reduce, global_advantages
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters, lora_settings
 from erpo_lightning.modules.lora_files import load_adapter_weights
-from erpo_lightning.modules.optim import NonFiniteGuard, build_optimizer, weight_norm
+from erpo_lightning.modules.optim import NonFiniteGuard, OptimizerOffload, build_optimizer, weight_norm
 from erpo_lightning.modules.settings import (
     Dtype,
     MixedPrecision,
     QueryKLScoring,
     check_module_settings,
+    check_offload_strategy,
     check_trainer_precision,
 )
 from erpo_lightning.modules.sharding import clip_grad_norm, data_parallel_mesh, shard_causal_lm
@@ -144,6 +145,15 @@ class ERPOModule(L.LightningModule):
         tf32: let CUDA's float32 matmuls and cuDNN use TF32 (`torch.backends.cuda.matmul.allow_tf32`,
             `torch.backends.cudnn.allow_tf32`), for this process from `configure_model` on and in every policy and
             reference forward, the backward included; part of the reference cache's fingerprint. No effect on CPU.
+        offload_optimizer: keep the optimizer and its state in host (CPU) memory (`optim.OptimizerOffload`): it is
+            built over CPU copies of the trainable weights; each optimizer step copies the gradients to the host,
+            steps there, and copies the weights back. Frees AdamW's two moments on the device (2 × the trainable
+            weights: 11.5 GiB for a float32 1.5B model), for host memory of 16 bytes per float32 trainable
+            parameter (its weights, gradients and moments), two copies of the trainable weights' bytes over the bus
+            and AdamW on the CPU at every optimizer step (seconds for a 1.5B model; unmeasured on a GPU). The update
+            is the on-device one (equal on CPU, tested). For full fine-tuning on a card too small for the optimizer
+            state; no use with LoRA (its state is small). One device or DDP; refused under `ModelParallelStrategy`
+            (FSDP2), which already splits the state over the ranks.
         trust_remote_code: let transformers run the model repository's own modelling code when it loads the policy,
             the reference model and a skeleton for the settings' checks (`from_pretrained(trust_remote_code=...)`);
             only for a model whose code you trust.
@@ -210,6 +220,7 @@ class ERPOModule(L.LightningModule):
         fsdp_mixed_precision: Dtype | None = None,
         mixed_precision: MixedPrecision = "none",
         tf32: bool = False,
+        offload_optimizer: bool = False,
         trust_remote_code: bool = False,
         peft: LoraSettings | None = None,
     ) -> None:
@@ -229,6 +240,7 @@ class ERPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.reference_policy: torch.nn.Module | None = None
+        self.offload: OptimizerOffload | None = None  # the host copies the optimizer steps (`offload_optimizer`)
         # A data.ReferenceLogprobCache: `padded(query_index, width) -> [B, width]` reference log-probs (Query-KL).
         self.reference_cache: Any = None
         self.policy_version = 0  # optimizer steps that changed the weights; the rollout engine syncs on change
@@ -268,6 +280,8 @@ class ERPOModule(L.LightningModule):
                 "model.peft.checkpoint 'adapters' is not supported under ModelParallelStrategy (FSDP2), whose sharded "
                 "checkpoints load every weight they expect; use checkpoint 'full'"
             )
+        if self.device_mesh is not None:  # set by ModelParallelStrategy only
+            check_offload_strategy(self.hparams.offload_optimizer, self.trainer.strategy)
         self.policy = self._load_causal_lm().train()
         if self.lora is not None:  # adapters in place: same model class, B = 0 so still θ0
             summary = add_lora_adapters(self.policy, self.lora)
@@ -335,9 +349,12 @@ class ERPOModule(L.LightningModule):
             self.entropy_control.load_state_dict(checkpoint["erpo_entropy_control"])
 
     def configure_optimizers(self):
+        parameters = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.hparams.offload_optimizer:
+            self.offload = OptimizerOffload(parameters)
+            parameters = self.offload.host_parameters
         optimizer, scheduler = build_optimizer(
-            (p for p in self.policy.parameters() if p.requires_grad),
-            self.optimizer_factory, self.lr_scheduler_factory,
+            parameters, self.optimizer_factory, self.lr_scheduler_factory,
             self.hparams.learning_rate, self.algorithm.weight_decay, self.hparams.warmup_steps,
         )  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -440,7 +457,10 @@ class ERPOModule(L.LightningModule):
         if finite and self.hparams.skip_zero_signal_steps and grad_norm == 0:
             self._skip_zero_signal_step()
         elif finite:
-            optimizer.step()
+            if self.offload is None:
+                optimizer.step()
+            else:
+                self.offload.step(optimizer.optimizer, optimizer.step)
             self.lr_schedulers().step()
             self.policy_version += 1
             self.guard.check_weights(weight_norm(self.policy.parameters()), where)
@@ -448,6 +468,8 @@ class ERPOModule(L.LightningModule):
             self.print(f"[erpo] non-finite loss or gradient at {where}: optimizer step skipped")
         self.guard.record(stepped=finite)
         optimizer.zero_grad(set_to_none=True)
+        if self.offload is not None:  # the optimizer holds the host copies: the policy's own gradients stay
+            self.policy.zero_grad(set_to_none=True)
 
     def _skip_zero_signal_step(self) -> None:
         """Leave weights, optimizer state and LR schedule as they are, but count the step towards `max_steps` (the

@@ -13,12 +13,15 @@ Who owns each setting (one owner each):
 
 The module uses manual optimization and steps the scheduler once per optimizer step (several per rollout batch), so a
 schedule counts optimizer steps; `ReduceLROnPlateau`, which needs a monitored metric, is refused.
+
+With `model.offload_optimizer` the optimizer is built over host (CPU) copies of the trainable weights
+(`OptimizerOffload`), so its state never occupies the accelerator.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,6 +110,53 @@ def build_optimizer(
             "optimizer step without one; choose a step-based schedule (e.g. torch.optim.lr_scheduler.CosineAnnealingLR)"
         )
     return built, schedule
+
+
+class OptimizerOffload:
+    """Copies of the trainable weights in host (CPU) memory, which the optimizer is built over and steps, so
+    that its state (AdamW's two moments, 2 × the weights' bytes) stays in host memory (`model.offload_optimizer`).
+
+    Each optimizer step copies every gradient device → host, runs the optimizer on the CPU, and copies every updated
+    weight host → device: the same update as the optimizer on the device, in the CPU's kernels (bit for bit on a CPU
+    device, where both run the same kernels). The host copies are taken from the weights when the optimizer is built,
+    which Lightning does after a resume has loaded them. Host memory: weights, gradients and state, 16 bytes per
+    float32 trainable parameter with AdamW (pinned on a CUDA device, for faster copies).
+
+    Args:
+        parameters: the policy's trainable parameters, on their device.
+    """
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        self.device_parameters = parameters = list(parameters)
+        self.host_parameters = [torch.nn.Parameter(self._host_like(p).copy_(p.detach())) for p in parameters]
+        self._host_grads = [self._host_like(p) for p in self.device_parameters]  # reused by every step
+
+    @staticmethod
+    def _host_like(parameter: torch.Tensor) -> torch.Tensor:
+        """An uninitialised host tensor of `parameter`'s shape and dtype (its own storage, also on a CPU device)."""
+        return torch.empty(parameter.shape, dtype=parameter.dtype, device="cpu", pin_memory=parameter.is_cuda)
+
+    def step(self, optimizer: torch.optim.Optimizer, take_step: Callable[[], object]) -> None:
+        """One optimizer step of `optimizer` (built over `host_parameters`): the device gradients are copied to the
+        host, `take_step()` steps it (Lightning's wrapper of it, which counts the step), and the updated weights are
+        copied back into the device parameters.
+
+        Lightning moves a resumed optimizer's state to the device (`load_optimizer_state_dict`); it is moved back to
+        the host here first, so the CPU step finds its state beside its weights.
+        """
+        with torch.no_grad():
+            pairs = zip(self.device_parameters, self.host_parameters, self._host_grads, strict=True)
+            for device_parameter, host, grad in pairs:
+                host.grad = None if device_parameter.grad is None else grad.copy_(device_parameter.grad)
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                    state[key] = value.cpu()
+        take_step()
+        with torch.no_grad():
+            for device_parameter, host in zip(self.device_parameters, self.host_parameters, strict=True):
+                if host.grad is not None:  # a weight without a gradient was not stepped
+                    device_parameter.copy_(host)
 
 
 def weight_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:

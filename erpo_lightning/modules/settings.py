@@ -105,6 +105,22 @@ def check_mixed_precision(mixed_precision: str, dtype: str, fsdp_mixed_precision
         )
 
 
+def check_offload_strategy(offload_optimizer: bool, strategy: object) -> None:
+    """ValueError naming `model.offload_optimizer` and `trainer.strategy` when the optimizer would be offloaded under
+    `ModelParallelStrategy` (FSDP2), whose sharded parameters it cannot copy to the host and which already splits
+    the optimizer's state over the ranks. `strategy` is `trainer.strategy` as configured: a name, a `class_path`
+    group or a Strategy."""
+    if not offload_optimizer:
+        return
+    name = strategy.get("class_path") if isinstance(strategy, Mapping) else strategy
+    if "ModelParallelStrategy" in (name if isinstance(name, str) else type(name).__name__):
+        raise ValueError(
+            "model.offload_optimizer cannot be used with trainer.strategy ModelParallelStrategy (FSDP2): its weights "
+            "are sharded over the ranks, and so is the optimizer's state already; set model.offload_optimizer false, "
+            "or add GPUs to shard over"
+        )
+
+
 def check_scoring_cache_engine(query_kl_scoring: str, cache_engine: str) -> None:
     """ValueError naming `model.query_kl_scoring` and `data.cache_engine` as given when the step's Query-KL scoring
     needs the reference scores' layout and the cache engine records none.
