@@ -1,5 +1,6 @@
 """`model.offload_optimizer`: the optimizer steps host (CPU) copies of the trainable weights, its state never on the
-device; the same steps with and without it give the same weights, also across a resume; refused under FSDP2.
+device; the same steps with and without it give the same weights, also across a resume; refused under FSDP2; the
+step-memory planner moves AdamW's moments off the device with it.
 
 On this CPU-only machine the "device" is the CPU too, so what is checked is the bookkeeping (separate host copies,
 the gradients in and the weights out at each step, the device's gradients cleared, the optimizer state restored
@@ -16,8 +17,11 @@ from helpers.cli_runs import fails_in_one_line
 from helpers.module_steps import PROMPTS, ReferenceLogprobs, rollout_batch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from erpo_lightning.data import step_memory
+from erpo_lightning.data.step_memory import ModelShape, StepSizes
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.modules.settings import check_offload_strategy
+from erpo_lightning.toy import SHIPPED_DIR
 from erpo_lightning.toy.tiny_qwen2 import load_tiny_model
 
 STEPS = 2  # rollout batches; update_batch_size 1 gives 2 optimizer steps on each
@@ -100,3 +104,32 @@ def test_refused_under_fsdp2(capsys, tmp_path):
         "--trainer.default_root_dir", str(tmp_path),
     )  # fmt: skip
     assert "model.offload_optimizer cannot be used with trainer.strategy ModelParallelStrategy (FSDP2)" in line
+
+
+def test_the_planner_moves_adams_moments_off_the_device(monkeypatch):
+    """Full fine-tuning: weights, gradients and 2 moments of d bytes each; offloaded (or an optimizer of its own):
+    the moments leave the device. LoRA: the adapters' moments, 8 of their 16 bytes."""
+    shape = ModelShape.read(str(SHIPPED_DIR))
+    full = step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4), shape)
+    assert full["weights"] == full["gradients"] == shape.parameters * 4
+    assert full["optimizer state"] == 2 * full["weights"]
+    offloaded = step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4, optimizer_state=False), shape)
+    assert offloaded == {**full, "optimizer state": 0}
+    lora = step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4, adapter_parameters=1000), shape)
+    lora_offloaded = step_memory.step_memory(StepSizes(8, 100, 8, 1000, 4, 1, 1000, optimizer_state=False), shape)
+    assert (lora["gradients"], lora["optimizer state"], lora["LoRA adapters"]) == (0, 0, 16_000)
+    assert lora_offloaded["LoRA adapters"] == 8_000
+    model = {"model_path": str(SHIPPED_DIR), "micro_batch_tokens": 1000, "dtype": "float32"}
+    groups = {"batch_size": 2, "max_prompt_length": 50}, {"group_size": 4, "max_new_tokens": 50}, {"devices": 1}
+    seen = []
+    monkeypatch.setattr(step_memory, "memory_verdict", lambda sizes, parts, *machine: seen.append(parts))
+    for changes in ({}, {"offload_optimizer": True}, {"optimizer": {"class_path": "torch.optim.SGD"}}):
+        step_memory.check_fit_memory({**model, **changes}, *groups)
+    assert [parts["optimizer state"] > 0 for parts in seen] == [True, False, False]
+
+
+def test_a_refusal_for_the_optimizer_state_names_lora_and_the_offload():
+    parts = {"rollout batch": 0, "generation": 0, "micro-batch": 0, "weights": 2**30, "gradients": 2**30,
+             "optimizer state": 2**31}  # fmt: skip
+    with pytest.raises(ValueError, match=r"\(model.peft\) or offload the optimizer \(model.offload_optimizer\)$"):
+        step_memory.memory_verdict(StepSizes(8, 100, 0, 1000, 4), parts, 2**28, "free on the GPU")

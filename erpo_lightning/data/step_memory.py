@@ -13,10 +13,17 @@ each part a lower bound (d: bytes per value of `model.dtype`):
 - micro-batch: t × V × 4 × 2, the float32 logits and log-softmax of one forward of t = max(`model.micro_batch_tokens`,
   one row) tokens (activations come on top); with `model.fused_output_layer` the logits exist one chunk of positions
   at a time (`logprobs.CHUNK_ELEMENTS` values), so t is at most one chunk's positions;
-- weights: parameters × d / devices, the policy's weights alone, split over the devices as under FSDP (gradients and
-  AdamW's state come on top);
+- weights: parameters × d / devices, the policy's weights, split over the devices as under FSDP;
+- gradients: parameters × d / devices, the full fine-tune's gradients (0 with LoRA: the adapters' count below);
+- optimizer state: 2 × parameters × d / devices, AdamW's two moments of a full fine-tune; 0 with LoRA, with
+  `model.offload_optimizer` (the state lives in host memory) and with a `model.optimizer` of its own (whose state
+  the planner does not know);
 - LoRA adapters: a × 16 / devices, the float32 weights, gradients and AdamW's two moments of the a = Σ r · (in + out)
-  parameters `model.peft` adds (0 without it; `r` 100000 on a 0.3M-parameter model once took 328 s a step).
+  parameters `model.peft` adds (a × 8 when the moments are offloaded; 0 without LoRA; `r` 100000 on a
+  0.3M-parameter model once took 328 s a step).
+
+Left out: activations, the autograd graph, allocator slack and a vLLM engine's share of the GPU
+(`gpu_memory_utilization`, taken before training starts).
 
 `check_fit_memory` compares the sum with the memory the machine has for the step: the RAM available now on CPU, the
 free memory of the emptiest GPU (`nvidia-smi`, which leaves CUDA uninitialised) on GPU. Above 4× that it refuses the
@@ -40,7 +47,9 @@ from erpo_lightning.scoring.logprobs import CHUNK_ELEMENTS
 
 REFUSE_FACTOR = 4.0  # refuse above this many times the memory available
 ROLLOUT_BYTES_PER_TOKEN = 16  # int64 token id + int64 attention mask
-ADAPTER_BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's two moments
+ADAPTER_BYTES_PER_PARAMETER = 8  # float32 weight and gradient
+ADAPTER_STATE_BYTES_PER_PARAMETER = 8  # AdamW's two float32 moments
+ADAM_MOMENTS = 2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 2**30
 
@@ -99,6 +108,8 @@ class StepSizes:
         devices: devices the weights may be split over.
         adapter_parameters: parameters the LoRA adapters add (`modules.lora.adapter_parameters_before_loading`).
         fused_output: `model.fused_output_layer`: the forward's logits exist one chunk at a time.
+        optimizer_state: AdamW's moments are on the device: False with `model.offload_optimizer` (host memory) or
+            with a `model.optimizer` of its own.
     """
 
     rows: int
@@ -109,6 +120,7 @@ class StepSizes:
     devices: int = 1
     adapter_parameters: int = 0
     fused_output: bool = False
+    optimizer_state: bool = True
 
 
 def step_memory(sizes: StepSizes, shape: ModelShape) -> dict[str, int]:
@@ -117,12 +129,16 @@ def step_memory(sizes: StepSizes, shape: ModelShape) -> dict[str, int]:
     forward_tokens = max(sizes.micro_batch_tokens, sizes.tokens)
     if sizes.fused_output:
         forward_tokens = min(forward_tokens, max(1, CHUNK_ELEMENTS // vocab))
+    weights, lora = shape.parameters * sizes.dtype_bytes // sizes.devices, sizes.adapter_parameters > 0
+    adapter_bytes = ADAPTER_BYTES_PER_PARAMETER + (ADAPTER_STATE_BYTES_PER_PARAMETER if sizes.optimizer_state else 0)
     return {
         "rollout batch": sizes.rows * sizes.tokens * ROLLOUT_BYTES_PER_TOKEN,
         "generation": at_once * (sizes.tokens * 2 * shape.layers * shape.kv_width * sizes.dtype_bytes + vocab * 4),
         "micro-batch": forward_tokens * vocab * 4 * 2,
-        "weights": shape.parameters * sizes.dtype_bytes // sizes.devices,
-        "LoRA adapters": sizes.adapter_parameters * ADAPTER_BYTES_PER_PARAMETER // sizes.devices,
+        "weights": weights,
+        "gradients": 0 if lora else weights,
+        "optimizer state": 0 if lora or not sizes.optimizer_state else ADAM_MOMENTS * weights,
+        "LoRA adapters": sizes.adapter_parameters * adapter_bytes // sizes.devices,
     }
 
 
@@ -139,6 +155,8 @@ def memory_verdict(sizes: StepSizes, parts: dict[str, int], available: int, wher
     )
     if needed > REFUSE_FACTOR * available:
         hint = " or rollout.engine.init_args.micro_batch_size" if parts["generation"] > needed / 2 else ""
+        if parts.get("gradients", 0) + parts.get("optimizer state", 0) > needed / 2:
+            hint += "; or train LoRA adapters (model.peft) or offload the optimizer (model.offload_optimizer)"
         raise ValueError(
             f"{line}over {REFUSE_FACTOR:g}x the {_size(available)} {where}: lower rollout.group_size, data.batch_size "
             f"or the lengths{hint}"
@@ -146,27 +164,34 @@ def memory_verdict(sizes: StepSizes, parts: dict[str, int], available: int, wher
     return f"{line}more than the {_size(available)} {where}: it may be killed for memory"
 
 
-def check_fit_memory(
+def fit_step_sizes(
     model: Mapping, data: Mapping, rollout: Mapping, trainer: Mapping, adapter_parameters: int = 0
-) -> None:
-    """`erpo fit`'s check of the step's sizes against the machine (module docstring): ValueError when they cannot fit,
-    a warning on stderr when they may not. The first four arguments are the config groups as dicts;
+) -> StepSizes:
+    """The StepSizes of an `erpo fit` config: its `model`, `data`, `rollout` and `trainer` groups as dicts, and
     `adapter_parameters` the parameters `model.peft` adds."""
-    shape = ModelShape.read(str(model["model_path"]))
-    machine = available_memory(str(trainer.get("accelerator") or "auto"))
-    if shape is None or machine is None:
-        return
     engine = rollout.get("engine") or {}
     rows = data["batch_size"] * rollout["group_size"]
     if "VLLMEngine" in str(engine.get("class_path", "")):
         at_once = 0
     else:
         at_once = min(rows, (engine.get("init_args") or {}).get("micro_batch_size") or rows)
-    sizes = StepSizes(
+    return StepSizes(
         rows, data["max_prompt_length"] + rollout["max_new_tokens"], at_once, model["micro_batch_tokens"],
         DTYPE_BYTES.get(str(model.get("dtype")), 4), _devices(trainer), adapter_parameters,
-        bool(model.get("fused_output_layer")),
+        bool(model.get("fused_output_layer")), not model.get("offload_optimizer") and model.get("optimizer") is None,
     )  # fmt: skip
+
+
+def check_fit_memory(
+    model: Mapping, data: Mapping, rollout: Mapping, trainer: Mapping, adapter_parameters: int = 0
+) -> None:
+    """`erpo fit`'s check of the step's sizes against the machine (module docstring): ValueError when they cannot fit,
+    a warning on stderr when they may not. The arguments are `fit_step_sizes`'."""
+    shape = ModelShape.read(str(model["model_path"]))
+    machine = available_memory(str(trainer.get("accelerator") or "auto"))
+    if shape is None or machine is None:
+        return
+    sizes = fit_step_sizes(model, data, rollout, trainer, adapter_parameters)
     warning = memory_verdict(sizes, step_memory(sizes, shape), *machine)
     if warning is not None:
         print(f"[erpo] warning: {warning}", file=sys.stderr, flush=True)

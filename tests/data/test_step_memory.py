@@ -116,7 +116,8 @@ def test_sizes_that_cannot_fit_are_refused_before_the_model_loads(config, capsys
     line = fails_in_one_line(capsys, "fit", "--config", str(config), "--rollout.group_size", "100000000")
     assert line.startswith(
         "erpo: error: one step needs at least 195.1 TiB per device (rollout batch 3.0 TiB, generation 192.1 TiB, "
-        "micro-batch 40.0 MiB, weights 1.3 MiB) for data.batch_size × rollout.group_size = 200000000 rows of up to "
+        "micro-batch 40.0 MiB, weights 1.3 MiB, gradients 1.3 MiB, optimizer state 2.6 MiB) for data.batch_size × "
+        "rollout.group_size = 200000000 rows of up to "
         "1030 tokens (data.max_prompt_length + rollout.max_new_tokens), over 4x the "
     ), line
     assert line.endswith(": lower rollout.group_size, data.batch_size or the lengths or "

@@ -96,13 +96,13 @@ def test_the_recipe_passes_the_settings_checks_and_fits_an_80_gib_gpu(monkeypatc
 
 
 def test_the_memory_plan_runs_on_the_recipe(monkeypatch, tmp_path):
-    """The plan is not skipped for this config: a GPU with 4 GiB free draws its warning, one with 3 GiB (under a
-    quarter of the 15.0 GiB lower bound) its refusal, before any model loads."""
-    err = settings_check(monkeypatch, tmp_path, gpu_free_gib=4.0)
-    assert "warning: one step needs at least 15.0 GiB per device" in err, err
+    """The plan is not skipped for this config: a GPU with 10 GiB free draws its warning, one with 3 GiB (under a
+    quarter of the 32.3 GiB lower bound) its refusal, before any model loads."""
+    err = settings_check(monkeypatch, tmp_path, gpu_free_gib=10.0)
+    assert "warning: one step needs at least 32.3 GiB per device" in err, err
     warning = next(line for line in err.splitlines() if "warning: one step" in line)
     assert warning in PAGE.read_text(), "docs/one_gpu.md should quote the warning as erpo fit prints it"
-    with pytest.raises(SettingsError, match=r"one step needs at least 15\.0 GiB per device .*over 4x the 3\.0 GiB"):
+    with pytest.raises(SettingsError, match=r"one step needs at least 32\.3 GiB per device .*over 4x the 3\.0 GiB"):
         settings_check(monkeypatch, tmp_path, gpu_free_gib=3.0)
 
 
