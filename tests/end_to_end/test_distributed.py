@@ -12,13 +12,9 @@ against the uninterrupted run.
 
 from __future__ import annotations
 
-import csv
-import os
-
 import pytest
 import torch
-from helpers.fit_configs import ERPO, csv_logger, fit_config, write_config
-from helpers.scaleout import assert_same_run, run_command, train
+from helpers.scaleout import assert_same_run, train
 from transformers import AutoModelForCausalLM
 
 from erpo_lightning.checkpoints.policy_weights import load_policy_weights
@@ -112,32 +108,3 @@ def test_global_baseline_weights_and_reference_model_equal_one_process(scaleout_
     assert distributed["activation_checkpointing"] and distributed["sharded"] == (strategy == "fsdp")
     assert all(record["train/policy_kl"] > 0 for record in single["records"])
     assert_same_run(single, distributed)
-
-
-def test_erpo_fit_under_fsdp2_then_export(tmp_path, tiny_model_path, benchmarks_dir):
-    """`erpo fit` as a user runs it on 2 processes: FSDP2, HF generate with synced_gpus, a sharded checkpoint that
-    `erpo export` exports to a directory transformers loads."""
-    strategy = {
-        "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-        "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
-    }
-    config = fit_config(
-        tiny_model_path, [{"path": str(benchmarks_dir / "gsm8k.jsonl"), "limit": 8}], tmp_path / "run",
-        trainer={"devices": 2, "strategy": strategy, "logger": csv_logger(tmp_path / "run"), "log_every_n_steps": 1},
-        model={"learning_rate": 1e-4, "gradient_checkpointing": True},
-        rollout={
-            "engine": {"class_path": "erpo_lightning.rollout.HFEngine", "init_args": {"synced_gpus": True}},
-            "max_new_tokens": 8,
-        },
-    )  # fmt: skip
-    config_path = write_config(tmp_path / "fsdp.yaml", config)
-    env = {**os.environ, "ERPO_CACHE_HOME": str(tmp_path / "erpo-cache")}
-    run_command([ERPO, "fit", "--config", str(config_path)], env=env, cwd=tmp_path)
-    rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
-    query_kl = [float(r["train/query_kl"]) for r in rows if r.get("train/query_kl")]
-    # The cache built on 2 ranks, the step's queries scored by the sharded policy: equal at θ0 to the bit.
-    assert len(query_kl) == 2 and query_kl[0] == 0.0
-    checkpoint = next((tmp_path / "run").rglob("*.ckpt"))
-    assert checkpoint.is_dir() and (checkpoint / "__1_0.distcp").is_file()
-    run_command([ERPO, "export", "--ckpt_path", str(checkpoint), "--out", str(tmp_path / "hf")], env=env)
-    AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
