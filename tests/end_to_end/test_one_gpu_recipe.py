@@ -1,5 +1,5 @@
 """docs/one_gpu.md's recipe: configs/one_gpu_qwen2.5_math_1.5b.yaml and its 24 GiB variants checked with no GPU and
-no network (its CPU twin trains in tests/test_recipe_twins.py).
+no network (its CPU twin trains in tests/end_to_end/test_recipe_twins.py).
 
 Checked here: the config parses as `erpo fit --print_config` does; it passes every check `erpo fit` runs before a
 model is loaded (`cli.checks.check_settings`: the model path, the rollout, data and module settings, the group size and

@@ -6,7 +6,7 @@ A twin swaps in the shipped toy model, HFEngine and CPU-sized shapes and nothing
 run as the recipe sets them; `test_a_twin_changes_the_model_and_the_shapes_only` holds the overlays to that.
 
 The one-GPU twin runs the page's own `twin-commands` block (train, `erpo validate` and `erpo export` on its
-last.ckpt); the 7B recipe's twin, on 2 processes, is tests/test_recipe_twin_fsdp.py.
+last.ckpt); the 7B recipe's twin, on 2 processes, is tests/end_to_end/test_recipe_twin_fsdp.py.
 """
 
 from __future__ import annotations
