@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import torch
-from interleave import run_workers
+from interleave import import_first, run_workers
 from memory_probe import status_bytes
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -123,8 +123,8 @@ def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module |
 
     from erpo_lightning.data.cache import ReferenceLogprobCache
     from erpo_lightning.data.reference_logprobs import batch_query_logprobs
-    from erpo_lightning.scoring.queries import QueryScoringLayout
 
+    QueryScoringLayout = scoring_layout_class()
     scorer = module.policy if initial is None else initial
     layout = layout or QueryScoringLayout()  # the cache's layout, which the step's exact Query-KL scores in
     cache = ReferenceLogprobCache.from_rows(batch_query_logprobs(scorer, batch.prompt_ids, layout), layout)
@@ -135,11 +135,17 @@ def attach_reference_cache(module, batch: QueryBatch, initial: torch.nn.Module |
     )
 
 
+def scoring_layout_class() -> type:
+    """QueryScoringLayout, from where this tree keeps it or where a --baseline-source tree before 3c7f7e0 did."""
+    return import_first(
+        "erpo_lightning.scoring.queries.QueryScoringLayout", "erpo_lightning.data.query_scoring.QueryScoringLayout"
+    )
+
+
 def scoring_layout(args):
     """The query-scoring layout of the arm (ARMS), else of `--query-score-rows` and `--query-score-width-multiple`
     (None: the default)."""
-    from erpo_lightning.scoring.queries import QueryScoringLayout
-
+    QueryScoringLayout = scoring_layout_class()
     if args.arm is not None and ARMS[args.arm][3] is not None:
         return QueryScoringLayout(*ARMS[args.arm][3])
     if args.query_score_rows is None and args.query_score_width_multiple is None:
@@ -222,8 +228,12 @@ def worker(args) -> dict:
     whether the policy was sharded (its weights FSDP2's DTensors)."""
     from torch.distributed.tensor import DTensor
 
-    from erpo_lightning.data.cache_build import load_reference_model
     from erpo_lightning.modules.erpo_module import ERPOModule
+
+    # where this tree keeps it, or a --baseline-source tree before 81cc15a
+    load_reference_model = import_first(
+        "erpo_lightning.data.cache_build.load_reference_model", "erpo_lightning.data.datamodule.load_reference_model"
+    )
 
     torch.set_num_threads(args.threads)
     model_path = policy_path(args)

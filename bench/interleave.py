@@ -1,6 +1,7 @@
 """Interleaved runs for the benches: every side once per round, in an order reversed every other round, so that a
 change in the machine's load (shared CPUs) hits all sides alike. Ratios are then taken within one run."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -33,3 +34,21 @@ def run_workers(
             sys.exit(f"worker {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     return results
+
+
+def import_first(*paths: str):
+    """The object at the first of `paths` (dotted, "package.module.name") that exists: a worker run with an older
+    tree's package (`sources` above) finds a name where that tree keeps it (modules moved between commits). Raises
+    ImportError naming every path tried when none exists."""
+    tried = []
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (module == error.name or module.startswith(f"{error.name}.")):
+                raise  # the module exists but one of its own imports is missing: not a moved name
+            tried.append(f"{path} (no module {error.name})")
+        except AttributeError:
+            tried.append(f"{path} (no {name} in {module})")
+    raise ImportError("none of these exists in the erpo_lightning on PYTHONPATH: " + "; ".join(tried))
