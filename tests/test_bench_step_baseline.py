@@ -34,6 +34,7 @@ def test_import_first_takes_the_first_path_that_exists_and_names_every_path_trie
     assert "json.nothing (no nothing in json)" in str(raised.value)
 
 
+@pytest.mark.slow  # three processes that import torch and Lightning: about 40 s on 2 loaded cores
 def test_bench_step_runs_against_a_tree_without_data_cache_build(tmp_path):
     if subprocess.run(["git", "cat-file", "-e", BEFORE_CACHE_BUILD], cwd=REPO).returncode != 0:
         pytest.skip(f"no commit {BEFORE_CACHE_BUILD} in this clone (shallow?)")
