@@ -6,7 +6,8 @@ ERPO's claims: Query-KL is cheap (against cached reference scores: with `shared_
 scores the responses; exact scoring adds one forward and backward over the step's unique queries), and it needs no
 reference model in memory, unlike Policy-KL. Each arm (ARMS) runs in its own subprocess (so peak memory is its own),
 all interleaved over `--rounds`, each doing `--steps` timed optimizer steps after one warm-up step on the
-identical rollout batch. Ratios are of medians measured in the same run.
+identical rollout batch. Ratios are of medians measured in the same run; each arm's steps (per round) and their
+spread, and each step ratio taken round by round (`ratio_rounds`), come with them.
 
     .venv/bin/python bench/bench_step.py                         # CPU, ~20M-parameter Qwen2, fp32
     .venv/bin/python bench/bench_step.py --model-path erpo_lightning/toy/shipped --queries 16 --group-size 8 \
@@ -324,7 +325,7 @@ def main() -> None:
         results = run_workers(__file__, workers, args.rounds, sources)
     summary = {
         name: {
-            "step_s_median": statistics.median(t for run in runs for t in run["step_s"]),
+            **step_spread([run["step_s"] for run in runs]),
             "peak_mib": max(run["peak_mib"] for run in runs),
             "above_rest_mib_median": statistics.median(m for run in runs for m in run["above_rest_mib"]),
             "query_kl_last": runs[-1]["query_kl"],
@@ -337,8 +338,24 @@ def main() -> None:
         "torch": torch.__version__,
         "results": summary,
         "ratios": ratios(summary),
+        "ratio_rounds": ratio_rounds(summary),
     }
     print(json.dumps(report, indent=2))
+
+
+def step_spread(rounds: list[list[float]]) -> dict:
+    """An arm's timed steps (s) and their spread: `step_s` per round (one list per worker run, in round order),
+    `step_s_median`, `step_s_min`, `step_s_max` and `step_s_iqr` ([first quartile, third quartile], inclusive
+    method) over all of its steps."""
+    steps = [t for run in rounds for t in run]
+    quartiles = statistics.quantiles(steps, n=4, method="inclusive") if len(steps) > 1 else steps * 3
+    return {
+        "step_s": rounds,
+        "step_s_median": statistics.median(steps),
+        "step_s_min": min(steps),
+        "step_s_iqr": [quartiles[0], quartiles[2]],
+        "step_s_max": max(steps),
+    }
 
 
 RATIOS = {  # name -> (numerator, denominator, quantity)
@@ -391,6 +408,23 @@ def ratios(summary: dict[str, dict]) -> dict[str, float]:
                 summary[name]["above_rest_mib_median"] / before["above_rest_mib_median"]
             )
     return found
+
+
+def ratio_rounds(summary: dict[str, dict]) -> dict[str, list[float]]:
+    """The noise of each step-time ratio of `ratios` (a RATIOS entry or `step_<arm>_over_baseline`): the same
+    ratio taken within each round alone (the median of the numerator arm's steps in that round over the
+    denominator's), one value per round. Arms of one round ran back to back, so their spread is how much the
+    ratio moves with the machine's load; a ratio whose rounds straddle 1 does not tell the arms apart."""
+    pairs = {name: (top, bottom) for name, (top, bottom, quantity) in RATIOS.items() if quantity == "step_s_median"}
+    pairs.update({f"step_{name}_over_baseline": (name, f"{name}@baseline") for name in summary})
+    return {
+        name: [
+            statistics.median(a) / statistics.median(b)
+            for a, b in zip(summary[top]["step_s"], summary[bottom]["step_s"], strict=True)
+        ]
+        for name, (top, bottom) in pairs.items()
+        if top in summary and bottom in summary
+    }
 
 
 if __name__ == "__main__":

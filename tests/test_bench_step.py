@@ -1,12 +1,14 @@
-"""bench/bench_step.py's before/after mode (`--baseline-source`) against a tree of a commit before 81cc15a, which
-kept `load_reference_model` in data/datamodule.py (no data/cache_build.py) and QueryScoringLayout in
-data/query_scoring.py: the worker finds each name where that tree has it (bench/interleave.py's `import_first`)."""
+"""bench/bench_step.py: each arm's step-time spread and each ratio round by round beside the medians; and its
+before/after mode (`--baseline-source`) against a tree of a commit before 81cc15a, which kept `load_reference_model`
+in data/datamodule.py (no data/cache_build.py) and QueryScoringLayout in data/query_scoring.py: the worker finds each
+name where that tree has it (bench/interleave.py's `import_first`)."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,17 +18,40 @@ SMOKE = ["--size", "tiny", "--steps", "1", "--rounds", "1", "--threads", "1", "-
          "--prompt-len", "8", "--response-len", "8"]  # fmt: skip
 
 
-def import_first():
+@pytest.fixture(scope="module")
+def bench():
+    """bench/'s modules, imported as the scripts import each other (bench/ on sys.path)."""
     sys.path.insert(0, str(REPO / "bench"))
     try:
-        from interleave import import_first
+        import bench_step
+        import interleave
     finally:
         sys.path.remove(str(REPO / "bench"))
-    return import_first
+    return SimpleNamespace(step=bench_step, interleave=interleave)
 
 
-def test_import_first_takes_the_first_path_that_exists_and_names_every_path_tried():
-    first = import_first()
+def test_each_arm_reports_its_steps_per_round_and_their_spread(bench):
+    spread = bench.step.step_spread([[4.0, 1.0], [2.0, 3.0]])
+    assert spread == {
+        "step_s": [[4.0, 1.0], [2.0, 3.0]], "step_s_median": 2.5, "step_s_min": 1.0, "step_s_iqr": [1.75, 3.25],
+        "step_s_max": 4.0,
+    }  # fmt: skip
+    assert bench.step.step_spread([[2.0]])["step_s_iqr"] == [2.0, 2.0]
+
+
+def test_each_step_ratio_is_also_taken_round_by_round(bench):
+    summary = {
+        "erpo": bench.step.step_spread([[2.0, 4.0], [6.0, 6.0]]),
+        "grpo": bench.step.step_spread([[3.0, 3.0], [4.0, 4.0]]),
+        "erpo@baseline": bench.step.step_spread([[1.0], [2.0]]),
+    }
+    rounds = bench.step.ratio_rounds(summary)
+    assert rounds == {"step_erpo_over_grpo": [1.0, 1.5], "step_erpo_over_baseline": [3.0, 3.0]}
+    assert summary["erpo"]["step_s_median"] / summary["grpo"]["step_s_median"] == 5.0 / 3.5  # not a round's ratio
+
+
+def test_import_first_takes_the_first_path_that_exists_and_names_every_path_tried(bench):
+    first = bench.interleave.import_first
     assert first("erpo_lightning.gone.Thing", "json.loads", "json.dumps") is json.loads
     with pytest.raises(ImportError) as raised:
         first("erpo_lightning.gone.Thing", "json.nothing")
@@ -51,4 +76,6 @@ def test_bench_step_runs_against_a_tree_without_data_cache_build(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout)
     assert set(report["results"]) == {"grpo", "grpo@baseline"}
-    assert report["ratios"]["step_grpo_over_baseline"] > 0
+    assert (
+        report["ratios"]["step_grpo_over_baseline"] > 0 and len(report["ratio_rounds"]["step_grpo_over_baseline"]) == 1
+    )
