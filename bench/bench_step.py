@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import torch
-from interleave import import_first, run_workers
+from interleave import import_first, round_ratios, run_workers, spread
 from memory_probe import status_bytes
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -325,7 +325,7 @@ def main() -> None:
         results = run_workers(__file__, workers, args.rounds, sources)
     summary = {
         name: {
-            **step_spread([run["step_s"] for run in runs]),
+            **spread([run["step_s"] for run in runs]),
             "peak_mib": max(run["peak_mib"] for run in runs),
             "above_rest_mib_median": statistics.median(m for run in runs for m in run["above_rest_mib"]),
             "query_kl_last": runs[-1]["query_kl"],
@@ -341,21 +341,6 @@ def main() -> None:
         "ratio_rounds": ratio_rounds(summary),
     }
     print(json.dumps(report, indent=2))
-
-
-def step_spread(rounds: list[list[float]]) -> dict:
-    """An arm's timed steps (s) and their spread: `step_s` per round (one list per worker run, in round order),
-    `step_s_median`, `step_s_min`, `step_s_max` and `step_s_iqr` ([first quartile, third quartile], inclusive
-    method) over all of its steps."""
-    steps = [t for run in rounds for t in run]
-    quartiles = statistics.quantiles(steps, n=4, method="inclusive") if len(steps) > 1 else steps * 3
-    return {
-        "step_s": rounds,
-        "step_s_median": statistics.median(steps),
-        "step_s_min": min(steps),
-        "step_s_iqr": [quartiles[0], quartiles[2]],
-        "step_s_max": max(steps),
-    }
 
 
 RATIOS = {  # name -> (numerator, denominator, quantity)
@@ -411,20 +396,11 @@ def ratios(summary: dict[str, dict]) -> dict[str, float]:
 
 
 def ratio_rounds(summary: dict[str, dict]) -> dict[str, list[float]]:
-    """The noise of each step-time ratio of `ratios` (a RATIOS entry or `step_<arm>_over_baseline`): the same
-    ratio taken within each round alone (the median of the numerator arm's steps in that round over the
-    denominator's), one value per round. Arms of one round ran back to back, so their spread is how much the
-    ratio moves with the machine's load; a ratio whose rounds straddle 1 does not tell the arms apart."""
+    """Each step-time ratio of `ratios` (a RATIOS entry or `step_<arm>_over_baseline`) taken within each round
+    alone (`interleave.round_ratios`): how much it moves with the machine's load."""
     pairs = {name: (top, bottom) for name, (top, bottom, quantity) in RATIOS.items() if quantity == "step_s_median"}
     pairs.update({f"step_{name}_over_baseline": (name, f"{name}@baseline") for name in summary})
-    return {
-        name: [
-            statistics.median(a) / statistics.median(b)
-            for a, b in zip(summary[top]["step_s"], summary[bottom]["step_s"], strict=True)
-        ]
-        for name, (top, bottom) in pairs.items()
-        if top in summary and bottom in summary
-    }
+    return round_ratios(summary, pairs)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ change in the machine's load (shared CPUs) hits all sides alike. Ratios are then
 import importlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -34,6 +35,36 @@ def run_workers(
             sys.exit(f"worker {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     return results
+
+
+def spread(rounds: list[list[float]]) -> dict:
+    """One side's timed steps (s) and their spread: `step_s` per round (one list per run, in round order), and
+    `step_s_median`, `step_s_min`, `step_s_max` and `step_s_iqr` ([first quartile, third quartile], inclusive
+    method) over all of its steps."""
+    steps = [t for run in rounds for t in run]
+    quartiles = statistics.quantiles(steps, n=4, method="inclusive") if len(steps) > 1 else steps * 3
+    return {
+        "step_s": rounds,
+        "step_s_median": statistics.median(steps),
+        "step_s_min": min(steps),
+        "step_s_iqr": [quartiles[0], quartiles[2]],
+        "step_s_max": max(steps),
+    }
+
+
+def round_ratios(summary: dict[str, dict], pairs: dict[str, tuple[str, str]]) -> dict[str, list[float]]:
+    """Each ratio of `pairs` (name -> (numerator side, denominator side), both `spread`s in `summary`) taken within
+    each round alone: the median of the numerator's steps in that round over the denominator's, one value per round.
+    The sides of a round ran back to back, so these values' spread is how much the ratio moves with the machine's
+    load; a ratio whose rounds straddle 1 does not tell the sides apart. Pairs with a side missing are left out."""
+    return {
+        name: [
+            statistics.median(top) / statistics.median(bottom)
+            for top, bottom in zip(summary[numerator]["step_s"], summary[denominator]["step_s"], strict=True)
+        ]
+        for name, (numerator, denominator) in pairs.items()
+        if numerator in summary and denominator in summary
+    }
 
 
 def import_first(*paths: str):

@@ -1,16 +1,17 @@
-"""bench/bench_step.py: each arm's step-time spread and each ratio round by round beside the medians; and its
-before/after mode (`--baseline-source`) against a tree of a commit before 81cc15a, which kept `load_reference_model`
-in data/datamodule.py (no data/cache_build.py) and QueryScoringLayout in data/query_scoring.py: the worker finds each
-name where that tree has it (bench/interleave.py's `import_first`)."""
+"""bench/bench_step.py: each arm's step-time spread and each ratio round by round beside the medians
+(bench/interleave.py's `spread` and `round_ratios`); and its before/after mode (`--baseline-source`) against a tree
+of a commit before 81cc15a, which kept `load_reference_model` in data/datamodule.py (no data/cache_build.py) and
+QueryScoringLayout in data/query_scoring.py: the worker finds each name where that tree has it (`import_first`)."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+
+from bench import interleave  # bench/ is a folder of scripts: a namespace package from the repository root
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE_CACHE_BUILD = "76c6337"  # the parent of 81cc15a, which moved the cache's load-or-build to data/cache_build.py
@@ -18,40 +19,28 @@ SMOKE = ["--size", "tiny", "--steps", "1", "--rounds", "1", "--threads", "1", "-
          "--prompt-len", "8", "--response-len", "8"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def bench():
-    """bench/'s modules, imported as the scripts import each other (bench/ on sys.path)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import bench_step
-        import interleave
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    return SimpleNamespace(step=bench_step, interleave=interleave)
-
-
-def test_each_arm_reports_its_steps_per_round_and_their_spread(bench):
-    spread = bench.step.step_spread([[4.0, 1.0], [2.0, 3.0]])
+def test_each_arm_reports_its_steps_per_round_and_their_spread():
+    spread = interleave.spread([[4.0, 1.0], [2.0, 3.0]])
     assert spread == {
         "step_s": [[4.0, 1.0], [2.0, 3.0]], "step_s_median": 2.5, "step_s_min": 1.0, "step_s_iqr": [1.75, 3.25],
         "step_s_max": 4.0,
     }  # fmt: skip
-    assert bench.step.step_spread([[2.0]])["step_s_iqr"] == [2.0, 2.0]
+    assert interleave.spread([[2.0]])["step_s_iqr"] == [2.0, 2.0]
 
 
-def test_each_step_ratio_is_also_taken_round_by_round(bench):
+def test_each_step_ratio_is_also_taken_round_by_round():
     summary = {
-        "erpo": bench.step.step_spread([[2.0, 4.0], [6.0, 6.0]]),
-        "grpo": bench.step.step_spread([[3.0, 3.0], [4.0, 4.0]]),
-        "erpo@baseline": bench.step.step_spread([[1.0], [2.0]]),
+        "erpo": interleave.spread([[2.0, 4.0], [6.0, 6.0]]),
+        "grpo": interleave.spread([[3.0, 3.0], [4.0, 4.0]]),
+        "erpo@baseline": interleave.spread([[1.0], [2.0]]),
     }
-    rounds = bench.step.ratio_rounds(summary)
-    assert rounds == {"step_erpo_over_grpo": [1.0, 1.5], "step_erpo_over_baseline": [3.0, 3.0]}
+    pairs = {"erpo_over_grpo": ("erpo", "grpo"), "erpo_over_baseline": ("erpo", "erpo@baseline"), "x": ("erpo", "gone")}
+    assert interleave.round_ratios(summary, pairs) == {"erpo_over_grpo": [1.0, 1.5], "erpo_over_baseline": [3.0, 3.0]}
     assert summary["erpo"]["step_s_median"] / summary["grpo"]["step_s_median"] == 5.0 / 3.5  # not a round's ratio
 
 
-def test_import_first_takes_the_first_path_that_exists_and_names_every_path_tried(bench):
-    first = bench.interleave.import_first
+def test_import_first_takes_the_first_path_that_exists_and_names_every_path_tried():
+    first = interleave.import_first
     assert first("erpo_lightning.gone.Thing", "json.loads", "json.dumps") is json.loads
     with pytest.raises(ImportError) as raised:
         first("erpo_lightning.gone.Thing", "json.nothing")

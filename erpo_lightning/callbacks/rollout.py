@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from erpo_lightning.callbacks.progress import phase
+from erpo_lightning.common import step_phases
 from erpo_lightning.common.setting_rules import Rule, check_rules
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.data.sampler import QueryBatchSampler
@@ -245,30 +246,24 @@ class RolloutCallback(pl.Callback):
         """Attach the step's rollout batch to `batch.rollout`, syncing engine weights first if needed."""
         metrics: dict[str, float] = {}
         engine = self.sampler.engine
-        engine.wake_up()
+        with step_phases.timed("engine_wake_sleep"):
+            engine.wake_up()
         if pl_module.policy_version != self._synced_version:
             start = perf_counter()
-            engine.sync_weights(pl_module.policy)
+            with step_phases.timed("weight_sync"):
+                engine.sync_weights(pl_module.policy)
             metrics["weight_sync_ms"] = 1000 * (perf_counter() - start)
             self._synced_version = pl_module.policy_version
         self._timing = {"tokens": 0, "seconds": 0.0}
         groups, generated, rounds = self._collect_groups(trainer, batch)
-        engine.sleep()
+        with step_phases.timed("engine_wake_sleep"):
+            engine.sleep()
 
-        rollout = assemble_batch(
-            [g.prompt_ids for g in groups],
-            [g.samples for g in groups],
-            torch.cat([g.rewards for g in groups]),
-            torch.tensor([g.query_index for g in groups]),
-            pad_token_id(self.sampler.tokenizer),
-            self.settings.temperature,
-            max_new_tokens=self.settings.max_new_tokens,
-            reference_nll=_per_query([g.reference_nll for g in groups]),
-            query_weights=_per_query([g.query_weight for g in groups]),
-            reward_components=_per_row_components(groups),
-        )
+        with step_phases.timed("rollout_batch"):
+            rollout = self._assemble(groups)
         if self.logprob_check_every and self._steps % self.logprob_check_every == 0:
-            metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
+            with step_phases.timed("logprob_check"):
+                metrics["logprob_abs_diff"] = self._logprob_abs_diff(pl_module.policy, rollout, pl_module.device)
         if self.overlong_filter:
             rollout.response_mask[rollout.truncated] = 0
         self._steps += 1
@@ -286,12 +281,28 @@ class RolloutCallback(pl.Callback):
             metrics["refill_rounds"] = float(rounds)
             indices = [g.query_index for g in generated]
             metrics["repeated_queries"] = float(len(indices) - len(set(indices)))
-        batch.rollout = rollout.to(pl_module.device)
+        with step_phases.timed("rollout_batch"):
+            batch.rollout = rollout.to(pl_module.device)
         pl_module.log_dict(
             {f"rollout/{name}": value for name, value in metrics.items()},
             on_step=True,
             on_epoch=False,
             batch_size=len(groups),
+        )
+
+    def _assemble(self, groups: list[_Group]) -> RolloutBatch:
+        """The `RolloutBatch` of the kept groups, on the CPU."""
+        return assemble_batch(
+            [g.prompt_ids for g in groups],
+            [g.samples for g in groups],
+            torch.cat([g.rewards for g in groups]),
+            torch.tensor([g.query_index for g in groups]),
+            pad_token_id(self.sampler.tokenizer),
+            self.settings.temperature,
+            max_new_tokens=self.settings.max_new_tokens,
+            reference_nll=_per_query([g.reference_nll for g in groups]),
+            query_weights=_per_query([g.query_weight for g in groups]),
+            reward_components=_per_row_components(groups),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -342,6 +353,8 @@ class RolloutCallback(pl.Callback):
             data_columns=batch.data_columns,
         )
         self._timing["seconds"] += graded.generate_s
+        step_phases.add("generation", graded.generate_s)
+        step_phases.add("grading", graded.grade_s)
         lengths = graded.lengths
         self._timing["tokens"] += int(lengths.sum())
         penalty = overlong_penalty(lengths.flatten(), self.settings.max_new_tokens, self.overlong_buffer)

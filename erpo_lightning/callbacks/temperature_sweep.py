@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from erpo_lightning.callbacks.progress import phase
+from erpo_lightning.common import step_phases
 from erpo_lightning.data.prepare import PreparedQueries, PromptFormat
 from erpo_lightning.evaluation.overlap import overlap_warnings
 from erpo_lightning.evaluation.sweep import PreparedBenchmark, Sweep, SweepConfig
@@ -142,7 +143,8 @@ class TemperatureSweepCallback(pl.Callback):
         if self.runner.benchmarks is None:
             self.runner.prepare(self._training_sample())
         with phase(f"temperature sweep at step {trainer.global_step}", sweep_size(self.runner.benchmarks, self.sweep)):
-            result = self.runner.run(pl_module.policy, trainer.global_rank, trainer.world_size, pl_module.device)
+            with step_phases.timed("sweep"):
+                result = self.runner.run(pl_module.policy, trainer.global_rank, trainer.world_size, pl_module.device)
         values = result.values
         if self.train_sample_size > 0:
             groups = [temperature_label(t) for t in self.sweep.temperatures] + list(

@@ -25,6 +25,7 @@ from erpo_lightning import objectives as obj
 from erpo_lightning.checkpoints.adapters_only import trainable_state_names
 from erpo_lightning.checkpoints.module_state import load_module_state, save_module_state
 from erpo_lightning.common.memory import release_free_heap
+from erpo_lightning.common.step_phases import timed
 from erpo_lightning.data.cache_build import ComputePath, policy_compute_dtype
 from erpo_lightning.data.datamodule import QueryDataModule
 from erpo_lightning.modules.batch_checks import check_carried_weights, check_loss_constant
@@ -54,6 +55,7 @@ from erpo_lightning.scoring.output_layer import fused_output_problem
 from erpo_lightning.update import (
     LossRows,
     StepInputs,
+    StepStats,
     accumulate_gradients,
     minibatch_rows,
     rank_aligned_micro_batches,
@@ -416,8 +418,8 @@ class ERPOModule(L.LightningModule):
     def _optimizer_step(self, batch: RolloutBatch) -> None:
         """Forward/backward every micro-batch of `batch` (one optimizer step's rows: `update.accumulate_gradients`),
         then clip and step."""
-        optimizer = self.optimizers()
-        batch = replace(batch, query_weights=self._step_query_weights(batch))
+        with timed("query_weights"):
+            batch = replace(batch, query_weights=self._step_query_weights(batch))
         normalizers = step_normalizers(
             batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, self._global_sum
         )
@@ -440,20 +442,34 @@ class ERPOModule(L.LightningModule):
         # the whole step's values, equal on every rank
         step_loss, step_pg_loss = self._global_sum(torch.stack([step.loss, step.pg_loss]))
         where = f"global step {self.global_step} (epoch {self.current_epoch})"
-        finite = self.guard.finite("loss", step_loss, where)
+        finite, grad_norm = self.guard.finite("loss", step_loss, where), None
         if finite:
             grads = [p for p in self.policy.parameters() if p.grad is not None]  # the norm is over all ranks/shards
-            grad_norm = clip_grad_norm(grads, self.hparams.gradient_clip_norm)
+            with timed("optimizer"):
+                grad_norm = clip_grad_norm(grads, self.hparams.gradient_clip_norm)
             finite = self.guard.finite("gradient norm", grad_norm, where)
-        if finite:
-            update_step_metrics(self.train_metrics, step_loss, step_pg_loss, grad_norm, step)
-            if algorithm.entropy_target is not None:  # H̄ of the step's kept tokens, over micro-batches and ranks
-                weighted = [(stats.pg_stats["bonus_entropy"] * rows.response_mask.sum(), rows.response_mask.sum())
-                            for rows, stats in step.micro]  # fmt: skip
-                totals = self._global_sum(torch.tensor(
-                    [sum(float(w) for w, _ in weighted), sum(float(n) for _, n in weighted)], device=self.device
-                ))  # fmt: skip
-                self.entropy_control.update(float(totals[0] / totals[1].clamp(min=1)))
+        with timed("metrics"):
+            if finite:
+                self._update_step_metrics(step, step_loss, step_pg_loss, grad_norm, algorithm)
+        with timed("optimizer"):
+            self._apply_step(finite, grad_norm, where)
+
+    def _update_step_metrics(
+        self, step: StepStats, loss: torch.Tensor, pg_loss: torch.Tensor, grad_norm: torch.Tensor, algorithm: Algorithm
+    ) -> None:
+        """The `train/` metrics of one finite optimizer step, and the adaptive entropy coefficient's update."""
+        update_step_metrics(self.train_metrics, loss, pg_loss, grad_norm, step)
+        if algorithm.entropy_target is not None:  # H̄ of the step's kept tokens, over micro-batches and ranks
+            weighted = [(stats.pg_stats["bonus_entropy"] * rows.response_mask.sum(), rows.response_mask.sum())
+                        for rows, stats in step.micro]  # fmt: skip
+            totals = self._global_sum(torch.tensor(
+                [sum(float(w) for w, _ in weighted), sum(float(n) for _, n in weighted)], device=self.device
+            ))  # fmt: skip
+            self.entropy_control.update(float(totals[0] / totals[1].clamp(min=1)))
+
+    def _apply_step(self, finite: bool, grad_norm: torch.Tensor | None, where: str) -> None:
+        """Step the optimizer and schedule on a finite step (or skip a zero-signal one), then clear the gradients."""
+        optimizer = self.optimizers()
         if finite and self.hparams.skip_zero_signal_steps and grad_norm == 0:
             self._skip_zero_signal_step()
         elif finite:
@@ -498,14 +514,17 @@ class ERPOModule(L.LightningModule):
         batch = replace(rollout, advantages=advantages)
         updates = minibatch_rows(batch.num_rows, group_size, self.hparams.update_batch_size)
         if self.hparams.num_iterations > 1 or len(updates) > 1:
-            batch = replace(batch, old_logprobs=self._recompute_old_logprobs(batch))
+            with timed("old_logprobs"):
+                batch = replace(batch, old_logprobs=self._recompute_old_logprobs(batch))
             mismatch = (batch.old_logprobs - batch.sampling_logprobs).abs()
             self.train_metrics["logprob_abs_diff"].update(mismatch, batch.response_mask)
         for _ in range(self.hparams.num_iterations):
             for rows in updates:
                 self._optimizer_step(batch.select_rows(rows))
-        self._log_train_metrics()
-        release_free_heap()  # the step's activations and gradients: see erpo_lightning/common/memory.py
+        with timed("metrics"):
+            self._log_train_metrics()
+        with timed("release_heap"):
+            release_free_heap()  # the step's activations and gradients: see erpo_lightning/common/memory.py
 
     def _log_train_metrics(self) -> None:
         """Log the step's `train/` metrics; one logged before but not updated in this step (the loss of a skipped

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.common.step_phases import timed
 from erpo_lightning.scoring.logprobs import response_logprobs
 from erpo_lightning.update.forward import (
     Forward,
@@ -169,22 +170,29 @@ def accumulate_gradients(
         if step.cache is None:
             raise ValueError("the shared prompt scores the queries in the reference cache's layout: pass the cache")
         prompts, query_index = step_queries(step_rows)
-        shared = prompt_pass(policy, prompts, query_index, step, step_rows.constant)
+        with timed("query_pass"):
+            shared = prompt_pass(policy, prompts, query_index, step, step_rows.constant)
         stats.query_drift, forward = shared.drift, shared.forward
     elif step.cache is not None:
-        term, stats.query_drift = query_pass_term(policy, step_rows, step, lambda share: backward(share * loss_scale))
+        with timed("query_pass"):
+            term, stats.query_drift = query_pass_term(
+                policy, step_rows, step, lambda share: backward(share * loss_scale)
+            )
         stats.loss = stats.loss + term
     for rows, real in micro_batches:
-        loss, loss_stats = micro_batch_loss(policy, rows, step, reference_policy, forward)
+        with timed("forward"):
+            loss, loss_stats = micro_batch_loss(policy, rows, step, reference_policy, forward)
         # Even a non-finite loss goes through backward: every rank must run the same collectives.
-        backward(loss * (loss_scale if real else 0.0))
+        with timed("backward"):
+            backward(loss * (loss_scale if real else 0.0))
         if real:
             stats.loss = stats.loss + loss.detach()
             stats.pg_loss = stats.pg_loss + loss_stats.pg_loss
             stats.micro.append((rows, loss_stats))
     if shared is not None:
-        closing = shared.closing_loss(loss_scale)
-        if closing.requires_grad:
-            backward(closing)
+        with timed("query_pass"):
+            closing = shared.closing_loss(loss_scale)
+            if closing.requires_grad:
+                backward(closing)
         stats.loss = stats.loss + shared.term.detach()
     return stats

@@ -3,8 +3,9 @@ read (issue 53: one fit for every "run it, then read an artifact" test instead o
 
 12 steps of 2 queries x 2 rollouts (6 new tokens, HF engine, math reward), every metric logged at every step to a
 CSV logger and a TensorBoard logger, sampled completions at the first step and every 5th, plain progress lines
-every 5 steps (stderr is a pipe), and the default checkpoint at the end. Its stderr is kept. Tests must not change
-its files: one that needs to (the export test perturbs the checkpoint, the plot writes beside the CSV) copies them.
+every 5 steps (stderr is a pipe), each step's phase times (`PhaseTimes`, in the root's phase_times.jsonl) and the
+default checkpoint at the end. Its stderr is kept. Tests must not change its files: one that needs to (the export
+test perturbs the checkpoint, the plot writes beside the CSV) copies them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ EVERY = 5  # steps between progress lines, and between sampled completions
 TRAIN_FILE = SHIPPED_DIR / "train.jsonl"
 TRAIN_ROWS = 16
 STDERR_FILE = "fit.stderr"  # the run's stderr, kept beside its files
+PHASE_TIMES = "phase_times.jsonl"  # each step's seconds per phase (PhaseTimes)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ def healthy_run_config(root: Path) -> dict:
     tensorboard["init_args"] = {"save_dir": str(root / "tb")}
     progress = {"class_path": "erpo_lightning.callbacks.ProgressLines", "init_args": {"every_n_steps": EVERY}}
     completions = {"class_path": "erpo_lightning.callbacks.SampledCompletions", "init_args": {"every_n_steps": EVERY}}
+    phase_times = {"class_path": "erpo_lightning.callbacks.PhaseTimes", "init_args": {"path": str(root / PHASE_TIMES)}}
     return fit_config(
         SHIPPED_DIR,
         [{"path": str(TRAIN_FILE), "limit": TRAIN_ROWS}],
@@ -58,7 +61,7 @@ def healthy_run_config(root: Path) -> dict:
             "max_steps": STEPS,
             "log_every_n_steps": 1,
             "logger": [csv_logger(root / "logs"), tensorboard],
-            "callbacks": [progress, completions],
+            "callbacks": [progress, completions, phase_times],
         },
         data={"max_prompt_length": 64},
     )
