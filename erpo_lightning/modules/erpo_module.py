@@ -82,7 +82,8 @@ class ERPOModule(L.LightningModule):
             with several optimizer steps per rollout batch the old log-probs are recomputed first.
         micro_batch_tokens: token budget of one forward, in tokens (rows × longest row), >= 1; the rows are sorted
             by length first, so rows of similar length share a forward, and gradients accumulate across the
-            micro-batches.
+            micro-batches. A row counts the tokens it forwards: prompt and response, or under `query_kl_scoring:
+            shared_prompt` its response alone (the prompt's keys and values come from the query pass).
         loss_constant: Dr. GRPO's constant normaliser (`seq_sum_constant`), in tokens, > 0; None = the response cap
             the rollout sampled with (`RolloutBatch.max_new_tokens`, i.e. rollout.max_new_tokens: Dr. GRPO's and
             TRL's choice).
@@ -403,10 +404,10 @@ class ERPOModule(L.LightningModule):
     def _most_over_ranks(self, count: int) -> int:
         return int(all_reduce(self._trainer, count, "max", self.device))
 
-    def _micro_batches(self, batch: RolloutBatch):
+    def _micro_batches(self, batch: RolloutBatch, prompt_cached: bool = False):
         """(micro-batch, row indices or None for a filler) pairs within the token budget, as many on every rank
-        (`update.rank_aligned_micro_batches`)."""
-        return rank_aligned_micro_batches(batch, self.hparams.micro_batch_tokens, self._most_over_ranks)
+        (`update.rank_aligned_micro_batches`); `prompt_cached`: the rows forward their responses alone."""
+        return rank_aligned_micro_batches(batch, self.hparams.micro_batch_tokens, self._most_over_ranks, prompt_cached)
 
     def _loss_rows(self, batch: RolloutBatch) -> LossRows:
         """What the update reads of `batch`; under `shared_forward`, with θ0's query scores from the cache."""
@@ -435,7 +436,8 @@ class ERPOModule(L.LightningModule):
         )  # fmt: skip
         step = accumulate_gradients(
             self.policy, rollout_loss_rows(batch, self.hparams.loss_constant or batch.max_new_tokens),
-            ((self._loss_rows(micro), rows is not None) for micro, rows in self._micro_batches(batch)), inputs,
+            ((self._loss_rows(micro), rows is not None)
+             for micro, rows in self._micro_batches(batch, prompt_cached=scoring == "shared_prompt")), inputs,
             self.manual_backward,
             self.reference_policy, share_prompt=scoring == "shared_prompt", loss_scale=scale,
         )  # fmt: skip

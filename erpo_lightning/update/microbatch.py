@@ -53,27 +53,37 @@ def micro_batch_rows(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tenso
     return runs
 
 
-def micro_batches(batch: RolloutBatch, max_tokens: int) -> Iterator[tuple[torch.Tensor, RolloutBatch]]:
-    """(row indices into `batch`, micro-batch) pairs of `micro_batch_rows`, each micro-batch trimmed of its padding
-    columns (`trim_padding`).
+def forwarded_lengths(batch: RolloutBatch, prompt_cached: bool = False) -> torch.Tensor:
+    """[N] the real tokens each row's forward runs: its prompt and response; with `prompt_cached` (the shared
+    prompt, whose rows run on their query's kept keys and values: `shared_prompt.PromptPass.forward`) its response
+    alone."""
+    mask = batch.attention_mask[:, batch.prompt_length :] if prompt_cached else batch.attention_mask
+    return mask.sum(-1)
+
+
+def micro_batches(
+    batch: RolloutBatch, max_tokens: int, prompt_cached: bool = False
+) -> Iterator[tuple[torch.Tensor, RolloutBatch]]:
+    """(row indices into `batch`, micro-batch) pairs of `micro_batch_rows` over the tokens each row forwards
+    (`forwarded_lengths`), each micro-batch trimmed of its padding columns (`trim_padding`).
 
     The loss of each is divided by its step's global counts (`update.step_normalizers`), so how the rows are cut
     changes the step's loss and gradient only by float rounding."""
-    for rows in micro_batch_rows(batch.attention_mask.sum(-1), max_tokens):
+    for rows in micro_batch_rows(forwarded_lengths(batch, prompt_cached), max_tokens):
         yield rows, trim_padding(batch.select_rows(rows))
 
 
 def rank_aligned_micro_batches(
-    batch: RolloutBatch, max_tokens: int, most: Callable[[int], int]
+    batch: RolloutBatch, max_tokens: int, most: Callable[[int], int], prompt_cached: bool = False
 ) -> Iterator[tuple[RolloutBatch, torch.Tensor | None]]:
-    """(micro-batch, its row indices into `batch`) pairs: `batch`'s `micro_batches`, then one-row fillers (rows None)
-    until this rank has yielded as many as the rank with the most. Under DDP and FSDP every forward/backward runs
-    collectives, so the counts must agree.
+    """(micro-batch, its row indices into `batch`) pairs: `batch`'s `micro_batches` (`prompt_cached` as there), then
+    one-row fillers (rows None) until this rank has yielded as many as the rank with the most. Under DDP and FSDP
+    every forward/backward runs collectives, so the counts must agree.
 
     Args:
         most: this rank's count in, the largest over ranks out (the identity on one process).
     """
-    micros = list(micro_batches(batch, max_tokens))
+    micros = list(micro_batches(batch, max_tokens, prompt_cached))
     count = most(len(micros))
     yield from ((micro, rows) for rows, micro in micros)
     filler = micros[0][1].select_rows(torch.arange(1))

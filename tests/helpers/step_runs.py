@@ -28,15 +28,19 @@ class LayoutScores(ReferenceLogprobs):
             self.rows = [score_block(model, [p], self.layout)[0] for p in prompts]
 
 
-def step(model, algorithm, batch, cache, max_tokens, share_prompt, reference_policy=None, fused_output=False):
+def step(
+    model, algorithm, batch, cache, max_tokens, share_prompt, reference_policy=None, fused_output=False,
+    prompt_cached=False,
+):  # fmt: skip
     """The parameters' gradients and the step's `StepStats` (loss, micro-batches' stats, query drift), from
-    `update.accumulate_gradients` on one process."""
+    `update.accumulate_gradients` on one process; `prompt_cached`: the budget counts response tokens alone (as
+    `ERPOModule` cuts under the shared prompt)."""
     model.zero_grad(set_to_none=True)
     rows = rollout_loss_rows(batch, 4)
     normalizers = step_normalizers(
         batch.response_mask, batch.attention_mask, batch.prompt_length, batch.is_group_leader, lambda total: total
     )
-    micros = ((rollout_loss_rows(micro, 4), True) for _, micro in micro_batches(batch, max_tokens))
+    micros = ((rollout_loss_rows(micro, 4), True) for _, micro in micro_batches(batch, max_tokens, prompt_cached))
     inputs = StepInputs(algorithm, normalizers, batch.group_size, cache, fused_output=fused_output)
     stats = accumulate_gradients(
         model, rows, micros, inputs, lambda loss: loss.backward(), reference_policy, share_prompt=share_prompt

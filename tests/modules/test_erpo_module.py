@@ -109,10 +109,14 @@ def test_rows_masked_by_the_rollout_leave_the_loss(setup):
     assert trainer.callback_metrics["train/loss"].item() == pytest.approx(expected_loss, abs=1e-5)
 
 
-@pytest.mark.parametrize(("scoring", "query_forwards"), [("shared_forward", 0), ("exact", 1), ("shared_prompt", 1)])
-def test_exactly_one_forward_per_micro_batch(setup, scoring, query_forwards):
+@pytest.mark.parametrize(
+    ("scoring", "query_forwards", "rows"),
+    [("shared_forward", 0, [2, 2]), ("exact", 1, [2, 2]), ("shared_prompt", 1, [4])],
+)
+def test_exactly_one_forward_per_micro_batch(setup, scoring, query_forwards, rows):
     """Plus, with exact scoring or the shared prompt, one per query-scoring block: both prompts (5 and 3 tokens) pad
-    to one width. Under the shared prompt the micro-batches forward their responses alone (4 columns)."""
+    to one width. Under the shared prompt the micro-batches forward their responses alone (4 columns), and the
+    budget counts only those: all 4 rows fit 18 tokens (4 × 4), where [prompt; response] rows (9 wide) fit 2."""
     path, reference, batch, _ = setup
     module = make_module(path, reference, micro_batch_tokens=18, query_kl_scoring=scoring)  # rows are 9 wide
     calls = []
@@ -121,7 +125,7 @@ def test_exactly_one_forward_per_micro_batch(setup, scoring, query_forwards):
         lambda _, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True
     )
     fit_one_batch(module, batch)
-    assert len(calls) == 2 + query_forwards and [shape[0] for shape in calls[query_forwards:]] == [2, 2]  # 2 per micro
+    assert len(calls) == len(rows) + query_forwards and [shape[0] for shape in calls[query_forwards:]] == rows
     assert calls[:query_forwards] == [torch.Size([QueryScoringLayout().rows, 64])] * query_forwards  # queries first
     if scoring == "shared_prompt":  # responses alone: at most the widest response's 4 tokens, no prompt column
         assert all(shape[1] <= 4 for shape in calls[query_forwards:])
