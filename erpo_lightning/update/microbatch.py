@@ -45,9 +45,10 @@ def micro_batch_rows(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tenso
         index tensors (long) that together hold every row once.
     """
     order = torch.argsort(lengths, descending=True, stable=True)
-    runs, start = [], 0
-    for position in range(1, len(order) + 1):
-        if position == len(order) or int(lengths[order[start]]) * (position - start + 1) > max_tokens:
+    longest_first = lengths[order].tolist()  # one read, not a tensor index per row
+    runs, start, count = [], 0, len(longest_first)
+    for position in range(1, count + 1):
+        if position == count or longest_first[start] * (position - start + 1) > max_tokens:
             runs.append(order[start:position])
             start = position
     return runs

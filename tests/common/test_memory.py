@@ -28,7 +28,7 @@ guard = libc.malloc(1 << 20)  # above the blocks: the heap top stays in use
 for block in blocks:
     libc.free(block)
 held = rss()
-released = release_free_heap()
+released = release_free_heap(above=256 << 20)  # 400 MiB free: above it
 print(json.dumps({"released": released, "returned_mib": (held - rss()) / 2**20}))
 """
 
@@ -46,3 +46,18 @@ def test_freed_heap_pages_go_back_to_the_system():
     # Without the release the 400 MiB freed in the heap's middle stay resident.
     kept = probe({"ERPO_MALLOC_TRIM": "0"})
     assert not kept["released"] and kept["returned_mib"] < 50, kept
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
+def test_the_heap_is_trimmed_only_when_its_free_bytes_reach_the_threshold(monkeypatch):
+    from erpo_lightning.common import memory
+
+    if memory.free_heap_bytes() is None:
+        pytest.skip("glibc before 2.33: no mallinfo2, so every release trims")
+    trims = []
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: lambda pad: trims.append(pad) or 1)
+    monkeypatch.setattr(memory, "free_heap_bytes", lambda: 300 << 20)  # about what a quickstart toy step leaves
+    assert memory.release_free_heap() is False and trims == []
+    assert memory.release_free_heap(above=300 << 20) is True and trims == [0]
+    monkeypatch.setattr(memory, "free_heap_bytes", lambda: memory.TRIM_ABOVE_BYTES)
+    assert memory.release_free_heap() is True and trims == [0, 0]
