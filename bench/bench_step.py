@@ -62,9 +62,16 @@ ARMS = {
     "cispo": ("cispo", "exact", False, None),
     "cispo_erpo": ("cispo_erpo", "exact", False, None),
     "grpo_entropy_bonus": ("grpo", "exact", False, None),
+    # the decoder layers under torch.compile (model.compile, issue 71): the warm-up step pays the compilation
+    "erpo_compiled": ("erpo", "exact", False, None),
+    "grpo_compiled": ("grpo", "exact", False, None),
 }
 # arm -> extra ERPOModule settings of that arm
-ARM_SETTINGS = {"grpo_entropy_bonus": {"entropy_coef": 0.01}}
+ARM_SETTINGS = {
+    "grpo_entropy_bonus": {"entropy_coef": 0.01},
+    "erpo_compiled": {"compile": True},
+    "grpo_compiled": {"compile": True},
+}
 Strategy = Literal["auto", "model_parallel"]
 # Qwen2 shapes: hidden, intermediate, layers, attention heads, key-value heads, vocabulary.
 # "0.5b" is Qwen2.5-0.5B's, "1.5b" Qwen2-1.5B's (both with the 151,936-token vocabulary).
@@ -364,6 +371,9 @@ RATIOS = {  # name -> (numerator, denominator, quantity)
     "step_cispo_erpo_over_erpo": ("cispo_erpo", "erpo", "step_s_median"),
     "step_grpo_entropy_bonus_over_grpo": ("grpo_entropy_bonus", "grpo", "step_s_median"),
     "peak_grpo_entropy_bonus_over_grpo": ("grpo_entropy_bonus", "grpo", "peak_mib"),
+    "step_erpo_compiled_over_erpo": ("erpo_compiled", "erpo", "step_s_median"),
+    "step_grpo_compiled_over_grpo": ("grpo_compiled", "grpo", "step_s_median"),
+    "peak_erpo_compiled_over_erpo": ("erpo_compiled", "erpo", "peak_mib"),
 }
 
 

@@ -42,6 +42,7 @@ from erpo_lightning.data.reference_logprobs import (
     finished_chunks,
 )
 from erpo_lightning.data.reference_logprobs_vllm import build_vllm_engine
+from erpo_lightning.scoring.layers import compile_decoder_layers
 from erpo_lightning.scoring.queries import QueryScoringLayout
 
 DEFAULT_CACHE_ROOT = cache_home() / "reference"
@@ -207,27 +208,32 @@ def reference_engine(request: CacheRequest, world_size: int, strategy):
 @dataclass(frozen=True)
 class ComputePath:
     """How a forward of the policy computes, which the reference forward repeats so that Query-KL is exactly 0 at
-    θ0: the weights' dtype, an autocast dtype the matmuls run in over those weights (None: none), and TF32 for
-    CUDA's float32 matmuls and cuDNN. Its `name` is the cache fingerprint's `dtype` field: the plain weights'
-    dtype alone ("float32", "bfloat16", what caches have always recorded), with "+autocast_<dtype>" and "+tf32"
-    appended when set, so a cache computed along another path is refused or rebuilt."""
+    θ0: the weights' dtype, an autocast dtype the matmuls run in over those weights (None: none), TF32 for CUDA's
+    float32 matmuls and cuDNN, and whether the decoder layers run compiled (`scoring.layers`, `model.compile`). Its
+    `name` is the cache fingerprint's `dtype` field: the plain weights' dtype alone ("float32", "bfloat16", what
+    caches have always recorded), with "+autocast_<dtype>", "+tf32" and "+compiled" appended when set, so a cache
+    computed along another path is refused or rebuilt."""
 
     weights: str = "float32"
     autocast: str | None = None
     tf32: bool = False
+    compiled: bool = False
 
     @property
     def name(self) -> str:
-        return self.weights + (f"+autocast_{self.autocast}" if self.autocast else "") + ("+tf32" if self.tf32 else "")
+        extras = (f"+autocast_{self.autocast}" if self.autocast else "") + ("+tf32" if self.tf32 else "")
+        return self.weights + extras + ("+compiled" if self.compiled else "")
 
     @classmethod
     def parse(cls, name: str) -> ComputePath:
         """The path a `name` (or a plain dtype name) stands for; ValueError for anything else."""
         weights, *extras = str(name).split("+")
         autocast = [extra.removeprefix("autocast_") for extra in extras if extra.startswith("autocast_")]
-        path = cls(weights, autocast[0] if autocast else None, "tf32" in extras)
+        path = cls(weights, autocast[0] if autocast else None, "tf32" in extras, "compiled" in extras)
         if path.name != name or not all(isinstance(getattr(torch, d, None), torch.dtype) for d in path.dtypes):
-            raise ValueError(f"not a compute path: {name!r} (e.g. float32, bfloat16, float32+autocast_bfloat16+tf32)")
+            raise ValueError(
+                f"not a compute path: {name!r} (e.g. float32, bfloat16, float32+autocast_bfloat16+tf32+compiled)"
+            )
         return path
 
     @property
@@ -252,9 +258,12 @@ class ComputePath:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
-        """`model` with every forward run under `active` (on the device of its first parameter), in place; as is
-        when the path is the plain weights'. Everything that calls the model (the step, the rollout engine's
-        generate, the sweeps, the cache build) then computes along this path."""
+        """`model` with every forward run under `active` (on the device of its first parameter), and its decoder
+        layers compiled when `compiled` (`scoring.layers.compile_decoder_layers`), in place; as is when the path is
+        the plain weights'. Everything that calls the model (the step, the rollout engine's generate, the sweeps,
+        the cache build) then computes along this path."""
+        if self.compiled:
+            compile_decoder_layers(model)
         if self.autocast is None and not self.tf32:
             return model
         inner = getattr(model.forward, "erpo_unwrapped", model.forward)  # a second apply replaces the first
@@ -271,16 +280,17 @@ class ComputePath:
 
 def policy_compute_dtype(module=None, strategy=None) -> str | None:
     """The `ComputePath.name` of the policy's forward: `fsdp_mixed_precision` under FSDP2
-    (`ModelParallelStrategy`), else `dtype`, with `mixed_precision`'s autocast and `tf32` when set, read from the
-    module's hyperparameters (ERPOModule's names); None without a module that has them. Without the last two it is
-    a plain dtype name."""
+    (`ModelParallelStrategy`), else `dtype`, with `mixed_precision`'s autocast, `tf32` and `compile` when set, read
+    from the module's hyperparameters (ERPOModule's names); None without a module that has them. Without the last
+    three it is a plain dtype name."""
     hparams = getattr(module, "hparams", None) or {}
     mixed = hparams.get("fsdp_mixed_precision")
     dtype = mixed if mixed is not None and isinstance(strategy, ModelParallelStrategy) else hparams.get("dtype")
     if dtype is None:
         return None
-    autocast = hparams.get("mixed_precision") or "none"
-    return ComputePath(str(dtype), None if autocast == "none" else str(autocast), bool(hparams.get("tf32"))).name
+    autocast = str(hparams.get("mixed_precision") or "none")
+    compiled = bool(hparams.get("compile"))
+    return ComputePath(str(dtype), None if autocast == "none" else autocast, bool(hparams.get("tf32")), compiled).name
 
 
 def load_reference_model(model_path: str, dtype: str, device: str | torch.device | None = None) -> torch.nn.Module:

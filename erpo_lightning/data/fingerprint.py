@@ -141,7 +141,7 @@ def check_manifest(found: dict, expected: dict, where: Path) -> None:
         "prompt_tokens_hash": "the prompts tokenize differently",
         "max_prompt_length": "max_prompt_length differs",
         "dtype": "the forward dtype differs: it follows the policy's compute dtype unless data.cache_dtype is set "
-        "(model.dtype, and model.mixed_precision's autocast and model.tf32 when set)",
+        "(model.dtype, and model.mixed_precision's autocast, model.tf32 and model.compile when set)",
         "scoring_layout": "the query scoring layout differs (data.query_score_rows / query_score_width_multiple or "
         "the engine; caches from before exact scoring have none)",
     }

@@ -157,6 +157,15 @@ class ERPOModule(L.LightningModule):
             is the on-device one (equal on CPU, tested). For full fine-tuning on a card too small for the optimizer
             state; no use with LoRA (its state is small). One device or DDP; refused under `ModelParallelStrategy`
             (FSDP2), which already splits the state over the ranks.
+        compile: run each decoder layer's forward under `torch.compile` (inductor, dynamic shapes;
+            `scoring/layers.py`), which fuses the elementwise chains between the matmuls (norms, rotary embeddings,
+            activations, residual adds). The θ0 reference model and the reference cache's build run the same compiled
+            layers and the cache records it (`+compiled` in its compute path), so Query-KL stays exactly 0 at θ0 and
+            a cache of the uncompiled path is rebuilt or refused. Forwards with a key/value cache (the HF engine's
+            decoding) run uncompiled. The first steps pay the compilation (seconds on the toy model, longer on larger
+            ones; needs a C++ compiler on CPU). Refused with `query_kl_scoring: shared_prompt`, whose responses run
+            on a key/value cache: its prompt forward would not be the cache's, and Query-KL would drift from 0 at θ0
+            by rounding ([docs/benchmarks.md](benchmarks.md#a-compiled-forward)).
         trust_remote_code: let transformers run the model repository's own modelling code when it loads the policy,
             the reference model and a skeleton for the settings' checks (`from_pretrained(trust_remote_code=...)`);
             only for a model whose code you trust.
@@ -224,6 +233,7 @@ class ERPOModule(L.LightningModule):
         mixed_precision: MixedPrecision = "none",
         tf32: bool = False,
         offload_optimizer: bool = False,
+        compile: bool = False,
         trust_remote_code: bool = False,
         peft: LoraSettings | None = None,
     ) -> None:
@@ -255,9 +265,10 @@ class ERPOModule(L.LightningModule):
 
     # ----------------------------------------------------------------------------------------------- model set-up
     def _compute_path(self) -> ComputePath:
-        """The autocast and TF32 of the policy's forwards (`mixed_precision`, `tf32`) over its `dtype` weights."""
+        """The autocast, TF32 and compiled layers of the policy's forwards (`mixed_precision`, `tf32`, `compile`)
+        over its `dtype` weights."""
         autocast = None if self.hparams.mixed_precision == "none" else self.hparams.mixed_precision
-        return ComputePath(self.hparams.dtype, autocast, self.hparams.tf32)
+        return ComputePath(self.hparams.dtype, autocast, self.hparams.tf32, self.hparams.compile)
 
     def _load_causal_lm(self) -> torch.nn.Module:
         model = AutoModelForCausalLM.from_pretrained(

@@ -78,6 +78,8 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
     check_mixed_precision(
         settings.get("mixed_precision", "none"), settings.get("dtype", "float32"), settings.get("fsdp_mixed_precision")
     )
+    if settings.get("compile"):
+        check_compile(settings.get("query_kl_scoring", "exact"))
     if settings.get("fused_output_layer"):
         check_fusable_before_loading(settings.get("model_path"), bool(settings.get("trust_remote_code", False)))
     if settings.get("peft") is not None:  # LoRA: its ranges, peft installed, its targets, before any weight loads
@@ -85,6 +87,19 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         require_peft()
         check_lora_targets_before_loading(
             settings["peft"], settings.get("model_path"), bool(settings.get("trust_remote_code", False))
+        )
+
+
+def check_compile(query_kl_scoring: str) -> None:
+    """ValueError for `model.compile` with `query_kl_scoring: shared_prompt`: the responses run on the prompt's keys
+    and values through a cache object, which the compiled layers do not take, so the prompt forward would run
+    uncompiled while the reference cache was computed compiled, and Query-KL would drift from 0 at θ0 by rounding."""
+    if query_kl_scoring == "shared_prompt":
+        raise ValueError(
+            "model.compile cannot be used with model.query_kl_scoring 'shared_prompt': its prompt forward carries a "
+            "key/value cache, which the compiled layers do not take, so the query scores would differ from the "
+            "compiled reference cache's in the last bits and Query-KL would not be exactly 0 at θ0; use "
+            "query_kl_scoring 'exact' with compile, or compile: false"
         )
 
 

@@ -13,16 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's transformer blocks: modules whose class the model declares unsplittable (`_no_split_modules`)."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [module for module in model.modules() if type(module).__name__ in names]
-    if not layers:
-        raise ValueError(
-            f"{type(model).__name__} declares no decoder-layer class in `_no_split_modules`; cannot shard it per layer"
-        )
-    return layers
+from erpo_lightning.scoring.layers import decoder_layers
 
 
 def mixed_precision_policy(param_dtype: str | None) -> MixedPrecisionPolicy:
