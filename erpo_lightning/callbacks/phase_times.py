@@ -20,8 +20,9 @@ class PhaseTimes(pl.Callback):
     step's line (the training start for the first) to this step's end, so it holds the data loader, the rollout,
     the update and the callbacks that end the step before this one; `other_s` is `wall_s` minus the phases: the
     Lightning loop, the loggers, and the callbacks that end the step after this one (checkpoints, completions,
-    progress lines), which land in the next step's line. On CUDA each phase synchronises the device at its bounds.
-    Recorded on rank 0 only; without this callback nothing is recorded.
+    progress lines), which land in the next step's line. On CUDA each phase synchronises the device at its bounds,
+    and each line also holds `cuda_peak_mib`, the most memory allocated since the previous line (the peak counter is
+    reset after each). Recorded on rank 0 only; without this callback nothing is recorded.
 
     Args:
         path: the JSON-lines file; None = `phase_times.jsonl` in the logger's folder (else `default_root_dir`).
@@ -50,6 +51,9 @@ class PhaseTimes(pl.Callback):
         wall = now - self._last
         line = {"step": trainer.global_step, "wall_s": wall, **{f"{name}_s": s for name, s in sorted(phases.items())}}
         line["other_s"] = wall - sum(phases.values())
+        if pl_module.device.type == "cuda":
+            line["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+            torch.cuda.reset_peak_memory_stats()
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
         self._last = perf_counter()
