@@ -11,6 +11,9 @@ step and `--steps` timed steps. Ratios are of medians measured in the same run:
     ours `grpo_kl` vs TRL beta = 0.001 (both load a frozen reference model; k3 estimator; TRL's KL bias correction
                       off, so the two losses are the same, see docs/trl.md)
     ours `erpo`    vs TRL beta = 0.001 (Query-KL from the cached reference scores: no reference model)
+    ours `grpo` and `erpo` with the shared prompt, each with `model.fused_output_layer` (`*_fused`) vs TRL beta = 0:
+                      TRL 1.16 always computes its log-probs with a fused, chunked LM head (`add_fused_lm_head`:
+                      the full logits never exist), so these pairs compare like with like
     TRL `ERPOTrainer` (erpo_lightning.integrations.trl, preset `erpo`) vs TRL beta = 0 and vs TRL beta = 0.001:
                       the same TRL loop, its loss replaced by ERPO's (Query-KL from the same forward, θ0 scores
                       computed in its constructor, before the timed steps, as ours are before `fit`)
@@ -55,6 +58,9 @@ CONFIGS = {
     "trl_beta_kl": ("trl", 0.001),  # = our grpo_kl preset's β
     "ours_erpo": ("ours", "erpo"),
     "ours_erpo_shared_prompt": ("ours", "erpo+shared_prompt"),  # model.query_kl_scoring shared_prompt
+    # model.fused_output_layer: the log-probs from a chunked output layer, as TRL 1.16 computes them by default
+    "ours_grpo_fused": ("ours", "grpo+fused"),
+    "ours_erpo_shared_prompt_fused": ("ours", "erpo+shared_prompt+fused"),
     "trl_erpo": ("trl_erpo", "erpo"),  # ERPOTrainer: GRPOTrainer with ERPO's loss (erpo_lightning.integrations.trl)
 }
 PAIRS = {"grpo_over_trl_beta0": ("ours_grpo", "trl_beta0"),
@@ -62,6 +68,8 @@ PAIRS = {"grpo_over_trl_beta0": ("ours_grpo", "trl_beta0"),
          "erpo_over_trl_beta_kl": ("ours_erpo", "trl_beta_kl"),
          "erpo_over_trl_beta0": ("ours_erpo", "trl_beta0"),
          "erpo_shared_prompt_over_trl_beta0": ("ours_erpo_shared_prompt", "trl_beta0"),
+         "grpo_fused_over_trl_beta0": ("ours_grpo_fused", "trl_beta0"),
+         "erpo_shared_prompt_fused_over_trl_beta0": ("ours_erpo_shared_prompt_fused", "trl_beta0"),
          "trl_erpo_over_trl_beta0": ("trl_erpo", "trl_beta0"),  # goal <= 1.05: Query-KL nearly free
          "trl_erpo_over_trl_beta_kl": ("trl_erpo", "trl_beta_kl")}  # goal <= 0.9  # fmt: skip
 # The shapes of bench_step.py's 20m model with the byte tokenizer's vocabulary: rollouts need a real tokenizer.
@@ -121,10 +129,11 @@ def run_ours(args, setting: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts, answers = make_prompts(args.queries * (args.steps + 1))
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
-    algorithm, _, scoring = setting.partition("+")
+    algorithm, *extras = setting.split("+")
     module = ERPOModule(
         str(model_path), algorithm=algorithm, learning_rate=args.lr, weight_decay=0.0,
-        gradient_clip_norm=1.0, query_kl_scoring=scoring or "exact",
+        gradient_clip_norm=1.0, query_kl_scoring="shared_prompt" if "shared_prompt" in extras else "exact",
+        fused_output_layer="fused" in extras,
     )  # fmt: skip
     module.configure_model()
     # What `erpo cache` does once before training, with the same function: the initial model's query scores.
