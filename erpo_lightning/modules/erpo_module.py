@@ -163,9 +163,9 @@ class ERPOModule(L.LightningModule):
             layers and the cache records it (`+compiled` in its compute path), so Query-KL stays exactly 0 at θ0 and
             a cache of the uncompiled path is rebuilt or refused. Forwards with a key/value cache (the HF engine's
             decoding) run uncompiled. The first steps pay the compilation (seconds on the toy model, longer on larger
-            ones; needs a C++ compiler on CPU). Refused with `query_kl_scoring: shared_prompt`, whose responses run
-            on a key/value cache: its prompt forward would not be the cache's, and Query-KL would drift from 0 at θ0
-            by rounding ([docs/benchmarks.md](benchmarks.md#a-compiled-forward)).
+            ones; needs a C++ compiler on CPU). Needs `query_kl_scoring: exact`: refused with the shared prompt (the
+            default), whose responses run on a key/value cache, so its prompt forward would not be the cache's and
+            Query-KL would drift from 0 at θ0 by rounding ([docs/benchmarks.md](benchmarks.md#a-compiled-forward)).
         trust_remote_code: let transformers run the model repository's own modelling code when it loads the policy,
             the reference model and a skeleton for the settings' checks (`from_pretrained(trust_remote_code=...)`);
             only for a model whose code you trust.

@@ -79,7 +79,7 @@ def check_module_settings(settings: Mapping[str, Any]) -> None:
         settings.get("mixed_precision", "none"), settings.get("dtype", "float32"), settings.get("fsdp_mixed_precision")
     )
     if settings.get("compile"):
-        check_compile(settings.get("query_kl_scoring", "exact"))
+        check_compile(settings.get("query_kl_scoring", "shared_prompt"))  # ERPOModule's default
     if settings.get("fused_output_layer"):
         check_fusable_before_loading(settings.get("model_path"), bool(settings.get("trust_remote_code", False)))
     if settings.get("peft") is not None:  # LoRA: its ranges, peft installed, its targets, before any weight loads

@@ -20,14 +20,17 @@ def test_the_compiled_path_is_named_in_the_cache_fingerprint(tiny_model_path):
     path = ComputePath("float32", "bfloat16", False, True)
     assert path.name == "float32+autocast_bfloat16+compiled" and ComputePath.parse(path.name) == path
     assert ComputePath.parse("float32") == ComputePath("float32")  # caches before the setting read as uncompiled
-    module = ERPOModule(str(tiny_model_path), compile=True)
+    module = ERPOModule(str(tiny_model_path), compile=True, query_kl_scoring="exact")
     assert policy_compute_dtype(module) == "float32+compiled"
     assert policy_compute_dtype(ERPOModule(str(tiny_model_path))) == "float32"
 
 
 def test_compile_is_refused_with_the_shared_prompt(tiny_model_path):
-    with pytest.raises(ValueError, match="model.compile cannot be used with model.query_kl_scoring 'shared_prompt'"):
-        ERPOModule(str(tiny_model_path), compile=True, query_kl_scoring="shared_prompt")
+    for scoring in ({}, {"query_kl_scoring": "shared_prompt"}):  # the shared prompt is the default
+        with pytest.raises(
+            ValueError, match="model.compile cannot be used with model.query_kl_scoring 'shared_prompt'"
+        ):
+            ERPOModule(str(tiny_model_path), compile=True, **scoring)
 
 
 @pytest.mark.slow  # inductor compiles the layers' inference and training graphs: about a minute on 2 loaded cores
@@ -35,7 +38,7 @@ def test_query_kl_is_exactly_zero_at_theta0_with_compiled_layers(tiny_model_path
     """The cache built as `erpo cache` builds it (the reference model loaded along the policy's compute path, its
     layers compiled, no grad) against the step's exact query pass (the policy's compiled layers, with grad): every
     query's log-likelihood change is exactly 0 at θ0, so the logged Query-KL is exactly 0."""
-    module = ERPOModule(str(tiny_model_path), compile=True, learning_rate=1e-3)
+    module = ERPOModule(str(tiny_model_path), compile=True, query_kl_scoring="exact", learning_rate=1e-3)
     module.configure_model()
     assert all(getattr(layer.forward, "erpo_compiled", None) for layer in decoder_layers(module.policy))
     module.reference_cache = compiled_cache(tiny_model_path, module)
@@ -58,7 +61,7 @@ def test_a_compiled_run_resumes_bit_exactly(tiny_model_path, tmp_path):
     trainer: the same weights to the bit (the compiled kernels are as deterministic as the eager ones on CPU)."""
 
     def fit(steps, ckpt_path=None, save=None):
-        built = ERPOModule(str(tiny_model_path), compile=True, learning_rate=1e-2)
+        built = ERPOModule(str(tiny_model_path), compile=True, query_kl_scoring="exact", learning_rate=1e-2)
         built.configure_model()
         built.reference_cache = cache
         if ckpt_path is not None:  # weights the checkpoint must replace: a resume that read nothing would differ
@@ -74,7 +77,7 @@ def test_a_compiled_run_resumes_bit_exactly(tiny_model_path, tmp_path):
             trainer.save_checkpoint(save)
         return {name: value.clone() for name, value in built.policy.state_dict().items()}
 
-    first = ERPOModule(str(tiny_model_path), compile=True)
+    first = ERPOModule(str(tiny_model_path), compile=True, query_kl_scoring="exact")
     cache = compiled_cache(tiny_model_path, first)
     first.configure_model()
     batch = carrying_scores(rollout_batch(first.policy), first.algorithm, cache.nll)

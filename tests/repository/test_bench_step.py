@@ -1,7 +1,7 @@
 """bench/bench_step.py's report: each arm's step-time spread and each ratio round by round beside the medians
 (bench/interleave.py's `spread` and `round_ratios`); and `import_first`, through which its worker finds each package
-name where a `--baseline-source` tree of an older commit keeps it (tests/test_bench_gpu_check.py runs bench_step
-against the package of a commit before 81cc15a)."""
+name where a `--baseline-source` tree of an older commit keeps it (tests/end_to_end/test_bench_gpu_check.py runs
+bench_step against the package of a commit before 81cc15a)."""
 
 import json
 

@@ -13,7 +13,7 @@ from helpers.healthy_run import PHASE_TIMES, STEPS
 from bench import profile_fit  # bench/ is a folder of scripts: a namespace package from the repository root
 from erpo_lightning.common import step_phases
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # every phase an on-policy erpo step with exact scoring and the HF engine goes through
 STEP_PHASES = {"generation", "grading", "rollout_batch", "query_pass", "forward", "backward", "optimizer", "metrics",
                "release_heap"}  # fmt: skip
