@@ -4,22 +4,13 @@ with the working directory (issue 54 item 14)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from helpers.data_rows import good, write_lines
 
 from erpo_lightning.data import DataError, load_queries
 from erpo_lightning.data.files import read_local_file
-
-
-def write_lines(path: Path, lines: list[bytes]) -> Path:
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
-    return path
-
-
-def good(problem: str, answer: str = "1") -> bytes:
-    return json.dumps({"problem": problem, "answer": answer}).encode()
 
 
 @pytest.mark.parametrize(

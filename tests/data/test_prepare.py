@@ -5,40 +5,22 @@ model's tokenizer (with its chat template) and the shipped training problems."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import datasets
 import pytest
+from helpers.data_rows import PLAIN, SHIPPED, chat, shipped_rows, write
 from transformers import AutoTokenizer
 
 from erpo_lightning.data import DataError, prepare_queries
 from erpo_lightning.data.prepare import OVERLONG_WARN_SHARE
 from erpo_lightning.data.sources import DatasetSource
-from erpo_lightning.data.templates import resolve_template
-
-SHIPPED = Path(__file__).resolve().parents[2] / "erpo_lightning" / "toy" / "shipped"
-PLAIN = resolve_template("plain", suffix="\n")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(SHIPPED)
-
-
-def shipped_rows(count: int) -> list[dict]:
-    lines = (SHIPPED / "train.jsonl").read_text().splitlines()[:count]
-    return [json.loads(line) for line in lines]
-
-
-def chat(problem: str) -> list[dict]:
-    return [{"role": "user", "content": problem}]
-
-
-def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 # -- an empty in-memory dataset -------------------------------------------------------------------------------------

@@ -5,24 +5,12 @@ beside chat-rendered rows (issue 67). Built on the shipped toy model's tokenizer
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from helpers.data_rows import PLAIN, SHIPPED, chat, good, shipped_rows, write, write_lines
 from transformers import AutoTokenizer
 
 from erpo_lightning.data import DataError, load_queries, prepare_queries
-from erpo_lightning.data.templates import resolve_template
 from erpo_lightning.rewards import MathReward
-
-
-def write_lines(path: Path, lines: list[bytes]) -> Path:
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
-    return path
-
-
-def good(problem: str, answer: str = "1") -> bytes:
-    return json.dumps({"problem": problem, "answer": answer}).encode()
 
 
 @pytest.mark.parametrize(
@@ -81,27 +69,9 @@ def test_a_gold_with_invisible_characters_around_its_answer_can_be_matched(tmp_p
         assert reward([f"\\boxed{{{a}}}" for a in answers], [q.answer for q in queries]) == [1.0] * 4
 
 
-SHIPPED = Path(__file__).resolve().parents[2] / "erpo_lightning" / "toy" / "shipped"
-PLAIN = resolve_template("plain", suffix="\n")
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(SHIPPED)
-
-
-def shipped_rows(count: int) -> list[dict]:
-    lines = (SHIPPED / "train.jsonl").read_text().splitlines()[:count]
-    return [json.loads(line) for line in lines]
-
-
-def chat(problem: str) -> list[dict]:
-    return [{"role": "user", "content": problem}]
-
-
-def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 # -- a text cell in a conversational column -------------------------------------------------------------------------
