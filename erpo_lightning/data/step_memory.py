@@ -11,8 +11,10 @@ each part a lower bound (d: bytes per value of `model.dtype`):
 - generation (HFEngine): g × tokens × 2·L·kv × d + g × V × 4, the KV cache of the g rows generated at once (its
   `micro_batch_size`, else every row) and their float32 next-token logits; vLLM sizes its own cache and counts 0;
 - micro-batch: t × V × 4 × 2, the float32 logits and log-softmax of one forward of t = max(`model.micro_batch_tokens`,
-  one row) tokens (activations come on top); with `model.fused_output_layer` the logits exist one chunk of positions
-  at a time (`logprobs.CHUNK_ELEMENTS` values), so t is at most one chunk's positions;
+  one row's forward) tokens (activations come on top), a row's forward being its prompt and response, or under
+  `model.query_kl_scoring: shared_prompt` (the default) its response alone (it runs on its prompt's kept keys and
+  values; `update.microbatch.forwarded_lengths`); with `model.fused_output_layer` the logits exist one chunk of
+  positions at a time (`logprobs.CHUNK_ELEMENTS` values), so t is at most one chunk's positions;
 - weights: parameters × d / devices, the policy's weights, split over the devices as under FSDP;
 - gradients: parameters × d / devices, the full fine-tune's gradients (0 with LoRA: the adapters' count below);
 - optimizer state: 2 × parameters × d / devices, AdamW's two moments of a full fine-tune; 0 with LoRA, with
@@ -108,6 +110,8 @@ class StepSizes:
         devices: devices the weights may be split over.
         adapter_parameters: parameters the LoRA adapters add (`modules.lora.adapter_parameters_before_loading`).
         fused_output: `model.fused_output_layer`: the forward's logits exist one chunk at a time.
+        row_forward: tokens the longest row's forward runs: `tokens`, or `rollout.max_new_tokens` under the shared
+            prompt; None means `tokens`.
         optimizer_state: AdamW's moments are on the device: False with `model.offload_optimizer` (host memory) or
             with a `model.optimizer` of its own.
     """
@@ -121,12 +125,13 @@ class StepSizes:
     adapter_parameters: int = 0
     fused_output: bool = False
     optimizer_state: bool = True
+    row_forward: int | None = None
 
 
 def step_memory(sizes: StepSizes, shape: ModelShape) -> dict[str, int]:
     """Bytes one step needs at least, by part (the table of the module docstring)."""
     at_once, vocab = sizes.generated_at_once, shape.vocab_size
-    forward_tokens = max(sizes.micro_batch_tokens, sizes.tokens)
+    forward_tokens = max(sizes.micro_batch_tokens, sizes.tokens if sizes.row_forward is None else sizes.row_forward)
     if sizes.fused_output:
         forward_tokens = min(forward_tokens, max(1, CHUNK_ELEMENTS // vocab))
     weights, lora = shape.parameters * sizes.dtype_bytes // sizes.devices, sizes.adapter_parameters > 0
@@ -179,6 +184,7 @@ def fit_step_sizes(
         rows, data["max_prompt_length"] + rollout["max_new_tokens"], at_once, model["micro_batch_tokens"],
         DTYPE_BYTES.get(str(model.get("dtype")), 4), _devices(trainer), adapter_parameters,
         bool(model.get("fused_output_layer")), not model.get("offload_optimizer") and model.get("optimizer") is None,
+        rollout["max_new_tokens"] if model.get("query_kl_scoring") == "shared_prompt" else None,
     )  # fmt: skip
 
 

@@ -105,6 +105,20 @@ def test_the_fused_output_layer_holds_one_chunk_of_logits_not_the_micro_batch_s(
     )
 
 
+def test_under_the_shared_prompt_a_row_forwards_its_response_alone():
+    """With a micro-batch budget below one row, the micro-batch part is one row's forward: prompt and response, or
+    under `query_kl_scoring: shared_prompt` the response alone (`update.microbatch.forwarded_lengths`)."""
+    wide = ModelShape(vocab_size=151_936, hidden_size=1536, layers=28, kv_width=256, parameters=1_500_000_000)
+    model = {"micro_batch_tokens": 16, "query_kl_scoring": "exact"}
+    data, rollout = {"batch_size": 2, "max_prompt_length": 300}, {"group_size": 4, "max_new_tokens": 100}
+    exact = step_memory.fit_step_sizes(model, data, rollout, {})
+    shared = step_memory.fit_step_sizes({**model, "query_kl_scoring": "shared_prompt"}, data, rollout, {})
+    assert step_memory.step_memory(exact, wide)["micro-batch"] == 400 * 151_936 * 8
+    assert step_memory.step_memory(shared, wide)["micro-batch"] == 100 * 151_936 * 8
+    roomy = step_memory.fit_step_sizes({**model, "micro_batch_tokens": 1000}, data, rollout, {})
+    assert step_memory.step_memory(roomy, wide)["micro-batch"] == 1000 * 151_936 * 8
+
+
 @pytest.fixture()
 def config(tmp_path, tiny_model_path, benchmarks_dir):
     return tiny_config(tmp_path, tiny_model_path, benchmarks_dir / "gsm8k.jsonl")
