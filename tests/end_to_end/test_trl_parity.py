@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers.trl_setup import gradients, noisy_old_logprobs, perturb, scored_rows
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.objectives.algorithms import Algorithm
-from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
 from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, save_tiny_model
 
 pytestmark = [
@@ -116,10 +116,7 @@ def make_trainer(trl_classes, model_path, output_dir, case: Case):
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tokenizer, rollout_func=fixed_rollout,
     )  # fmt: skip
     # Move the policy away from the reference model TRL loaded from the same checkpoint: Policy-KL becomes non-zero.
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in trainer.model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    perturb(trainer.model)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop: one micro-batch per optimizer step
     return trainer
@@ -130,27 +127,9 @@ def trl_inputs(trainer) -> dict:
     return trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
 
 
-def scored_rows(model, inputs: dict) -> tuple[torch.Tensor, ...]:
-    """Our forward over TRL's rows: query log-probs and mask [N, P], response log-probs (at TEMPERATURE) and mask."""
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    prompt_length = inputs["prompt_ids"].shape[1]
-    logits = causal_lm_logits(model, input_ids, attention_mask)
-    token_logprobs = prompt_response_token_logprobs(logits, input_ids, prompt_length, TEMPERATURE)
-    return obj.split_prompt_response(token_logprobs, attention_mask, prompt_length)
-
-
 def response_logprobs(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """([N, R] response log-probs at TEMPERATURE, [N, R] response mask) of `scored_rows`."""
-    return scored_rows(model, inputs)[2:]
-
-
-def given_old_logprobs(model, inputs: dict) -> torch.Tensor:
-    """Off-policy old log-probs: the current ones plus fixed noise (ratios reach both sides of the clip range)."""
-    with torch.no_grad():
-        current, mask = response_logprobs(model, inputs)
-    noise = 0.3 * torch.randn(current.shape, generator=torch.Generator().manual_seed(2))
-    return (current + noise) * mask
+    return scored_rows(model, inputs, TEMPERATURE)[2:]
 
 
 def our_loss(trainer, inputs: dict, old: torch.Tensor, case: Case) -> torch.Tensor:
@@ -179,7 +158,7 @@ def module_loss(trainer, inputs: dict, old: torch.Tensor, case: Case) -> torch.T
         loss_aggregation=case.aggregation, clip_low=0.2, clip_high=case.epsilon_high, dual_clip=case.delta,
         query_kl_coef=0.0, policy_kl_coef=case.beta, policy_kl_kind="k3",
     )  # fmt: skip
-    query_lp, query_mask, response_lp, mask = scored_rows(trainer.model, inputs)
+    query_lp, query_mask, response_lp, mask = scored_rows(trainer.model, inputs, TEMPERATURE)
     ref_lp = None
     if case.beta > 0:
         with torch.no_grad():
@@ -195,15 +174,6 @@ def module_loss(trainer, inputs: dict, old: torch.Tensor, case: Case) -> torch.T
     return loss
 
 
-def loss_and_gradients(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    loss = compute()
-    loss.backward()
-    gradients = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), gradients
-
-
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("trl_parity") / "model", seed=0)
@@ -215,21 +185,21 @@ def test_loss_and_gradients_equal_trl(name, trl_classes, model_path, tmp_path):
     trainer = make_trainer(trl_classes, model_path, tmp_path, case)
     inputs = trl_inputs(trainer)
     assert (inputs["prompt_mask"] == 0).any(), "some prompts must be left-padded (see PROMPTS)"
-    old = given_old_logprobs(trainer.model, inputs)
+    old = noisy_old_logprobs(trainer.model, inputs, TEMPERATURE)
     inputs["old_per_token_logps"] = old
     ratio = torch.exp(response_logprobs(trainer.model, inputs)[0].detach() - old)[inputs["completion_mask"].bool()]
     negative = (inputs["advantages"] < 0)[:, None].expand_as(old)[inputs["completion_mask"].bool()]
     assert (ratio < 0.8).any() and (ratio > 1.28).any(), "the batch must exercise both clip sides"
     assert (ratio[negative] > 1.5).any(), "and the two-sided (dual) clip"
 
-    trl_loss, trl_grads = loss_and_gradients(trainer.model, lambda: trainer.compute_loss(trainer.model, inputs))
+    trl_loss, trl_grads = gradients(trainer.model, lambda: trainer.compute_loss(trainer.model, inputs))
     assert trl_loss.abs() > 1e-3
     assert max(g.abs().max() for g in trl_grads.values()) > 1e-3
     ours = {"objectives": our_loss}
     if not case.bias_corrected_kl:  # the module has no bias-corrected KL (docs/trl.md)
         ours["rl_loss"] = module_loss
     for path, compute in ours.items():
-        loss, grads = loss_and_gradients(trainer.model, lambda compute=compute: compute(trainer, inputs, old, case))
+        loss, grads = gradients(trainer.model, lambda compute=compute: compute(trainer, inputs, old, case))
         torch.testing.assert_close(loss, trl_loss, rtol=0, atol=1e-6, msg=f"{path}: loss")
         for parameter, trl_grad in trl_grads.items():
             torch.testing.assert_close(grads[parameter], trl_grad, rtol=0, atol=1e-6, msg=f"{path}: {parameter}")
@@ -259,7 +229,7 @@ def test_bias_corrected_kl_differs_from_plain_k3(trl_classes, model_path, tmp_pa
     case = CASES["dapo_kl_bias_corrected"]
     trainer = make_trainer(trl_classes, model_path, tmp_path, case)
     inputs = trl_inputs(trainer)
-    old = given_old_logprobs(trainer.model, inputs)
+    old = noisy_old_logprobs(trainer.model, inputs, TEMPERATURE)
     inputs["old_per_token_logps"] = old
     with torch.no_grad():
         trl_loss = trainer.compute_loss(trainer.model, inputs)

@@ -1,6 +1,8 @@
 """The TRL integration tests' shared set-up: fixed prompts, completions and rewards, and an `ERPOTrainer` (or TRL's
 `GRPOTrainer`) on them, so that no assertion depends on sampling (tests/integrations/test_trl.py,
-tests/integrations/test_trl_guards.py)."""
+tests/integrations/test_trl_guards.py); and the pieces both those tests and tests/end_to_end/test_trl_parity.py use
+on a trainer's batch: our own forward over its rows (`scored_rows`), a policy moved by seeded noise (`perturb`),
+off-policy old log-probs (`noisy_old_logprobs`) and a loss with its gradients (`gradients`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import os
 import pytest
 import torch
 
+from erpo_lightning import objectives as obj
+from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
 from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer
 
 requires_trl = pytest.mark.skipif(
@@ -78,3 +82,41 @@ def make_trainer(
 def length_reward(completions, **_):
     """A reward that varies within groups of sampled completions."""
     return [float(len(c) % 3 == 0) for c in completions]
+
+
+def scored_rows(model, inputs: dict, temperature: float = 1.0) -> tuple[torch.Tensor, ...]:
+    """Our forward (logprobs.py, unfused) over a TRL batch's rows: query log-probs and mask [N, P], response
+    log-probs (at `temperature`) and mask [N, R]."""
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["prompt_ids"].shape[1]
+    logits = causal_lm_logits(model, input_ids, attention_mask)
+    token_logprobs = prompt_response_token_logprobs(logits, input_ids, width, temperature)
+    return obj.split_prompt_response(token_logprobs, attention_mask, width)
+
+
+def perturb(model, scale: float = 0.05, seed: int = 1) -> None:
+    """Move every parameter by `scale` times seeded Gaussian noise (away from θ0 and TRL's reference model)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+
+
+def noisy_old_logprobs(model, inputs: dict, temperature: float = 1.0) -> torch.Tensor:
+    """Off-policy old log-probs: the current response ones (at `temperature`) plus fixed noise, so ratios reach both
+    sides of the clip range."""
+    with torch.no_grad():
+        _, _, current, mask = scored_rows(model, inputs, temperature)
+    noise = 0.3 * torch.randn(current.shape, generator=torch.Generator().manual_seed(2))
+    return (current + noise) * mask
+
+
+def gradients(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`compute()`'s loss (detached) and every parameter's gradient of it, the model's gradients left cleared."""
+    model.zero_grad(set_to_none=True)
+    loss = compute()
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads

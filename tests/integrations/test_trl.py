@@ -24,9 +24,13 @@ from helpers.trl_setup import (
     PROMPTS,
     REWARDS,
     fixed_rollout,
+    gradients,
     length_reward,
     make_trainer,
+    noisy_old_logprobs,
+    perturb,
     requires_trl,
+    scored_rows,
 )
 
 from erpo_lightning import objectives as obj
@@ -34,7 +38,6 @@ from erpo_lightning.data.cache import ReferenceLogprobCache
 from erpo_lightning.data.fingerprint import CacheMismatchError
 from erpo_lightning.data.reference_logprobs import batch_query_logprobs
 from erpo_lightning.objectives.algorithms import resolve_algorithm
-from erpo_lightning.scoring.logprobs import causal_lm_logits, prompt_response_token_logprobs
 from erpo_lightning.toy.tiny_qwen2 import build_byte_tokenizer, load_tiny_model, save_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,40 +56,6 @@ def test_import_erpo_lightning_never_imports_trl():
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("trl_integration") / "model", seed=0)
-
-
-def perturb(model, scale: float = 0.05, seed: int = 1) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
-
-
-def off_policy(model, inputs: dict) -> torch.Tensor:
-    """Old log-probs = the current ones + fixed noise, so both sides of the clip range are active."""
-    with torch.no_grad():
-        _, _, current, mask = scored_rows(model, inputs)
-    return (current + 0.3 * torch.randn(current.shape, generator=torch.Generator().manual_seed(2))) * mask
-
-
-def scored_rows(model, inputs: dict):
-    """Our forward (logprobs.py, unfused) over the rows: query log-probs and mask [N, P], response ones [N, R]."""
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    width = inputs["prompt_ids"].shape[1]
-    token_logprobs = prompt_response_token_logprobs(
-        causal_lm_logits(model, input_ids, attention_mask), input_ids, width
-    )
-    return obj.split_prompt_response(token_logprobs, attention_mask, width)
-
-
-def gradients(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    loss = compute()
-    loss.backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
 
 
 def hand_loss(trainer, model_path, inputs: dict, algorithm) -> tuple[torch.Tensor, obj.LossStats]:
@@ -127,7 +96,7 @@ def test_loss_and_gradients_equal_rl_loss(preset, scoring, model_path, tmp_path)
     trainer.current_gradient_accumulation_steps = 1
     inputs = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
     assert (inputs["prompt_mask"] == 0).any(), "some prompts must be left-padded"
-    inputs["old_per_token_logps"] = off_policy(trainer.model, inputs)
+    inputs["old_per_token_logps"] = noisy_old_logprobs(trainer.model, inputs)
     # The Query-KL tolerance left unset is 0 when exact, else follows the compute dtype, as in `erpo fit`.
     tolerance = 0.0 if scoring == "exact" else obj.query_kl_tolerance_for(torch.float32)
     algorithm = resolve_algorithm(preset, query_kl_tolerance=tolerance)
@@ -166,7 +135,7 @@ def test_without_query_kl_and_weights_it_is_trl_grpo(model_path, tmp_path):
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
         inputs = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS for _ in range(GROUP_SIZE)])
-        inputs["old_per_token_logps"] = off_policy(trainer.model, inputs)
+        inputs["old_per_token_logps"] = noisy_old_logprobs(trainer.model, inputs)
         losses.append(gradients(trainer.model, lambda t=trainer, i=inputs: t.compute_loss(t.model, i)))
     (erpo_loss, erpo_grads), (trl_loss, trl_grads) = losses
     assert trl_loss.abs() > 1e-3
