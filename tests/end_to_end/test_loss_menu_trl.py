@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.trl_setup import COMPLETIONS, GROUP_SIZE, PROMPTS, REWARDS, requires_trl
+from helpers.trl_setup import COMPLETIONS, GROUP_SIZE, PROMPTS, REWARDS, grpo_settings, requires_trl
 from helpers.trl_setup import make_trainer as make_helper_trainer
 
 from erpo_lightning import objectives as obj
@@ -51,11 +51,7 @@ def make_trainer(model_path, output_dir, erpo: bool = True, algorithm: dict | No
     arguments in `algorithm`."""
     from trl import GRPOConfig
 
-    settings = dict(
-        output_dir=str(output_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
-        gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
-        max_completion_length=16, temperature=1.0, shuffle_dataset=False, logging_steps=1, disable_tqdm=True, seed=0,
-    )  # fmt: skip
+    settings = grpo_settings(output_dir)
     settings.update(config)
     inputs = {"args": GRPOConfig(**settings)}
     return make_helper_trainer(model_path, output_dir, erpo=erpo, inputs=inputs, **(algorithm or {}))

@@ -46,6 +46,16 @@ def fixed_reward(prompts, completions, **_):
     return list(REWARDS)
 
 
+def grpo_settings(output_dir) -> dict:
+    """The GRPOConfig settings the TRL tests start from: CPU, float32, no saving, G = GROUP_SIZE, one batch of all
+    COMPLETIONS, dataset order, seed 0."""
+    return dict(
+        output_dir=str(output_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+        gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
+        max_completion_length=16, temperature=1.0, shuffle_dataset=False, logging_steps=1, disable_tqdm=True, seed=0,
+    )  # fmt: skip
+
+
 def make_trainer(
     model_path, output_dir, erpo: bool = True, fixed: bool = True, eval_prompts=None, inputs=None, **settings
 ):
@@ -62,11 +72,7 @@ def make_trainer(
     erpo_settings = {
         k: settings.pop(k) for k in list(settings) if k in ALGORITHM_FIELDS or k in ("algorithm", "query_kl_scoring")
     }
-    config = dict(
-        output_dir=str(output_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
-        gradient_checkpointing=False, per_device_train_batch_size=len(COMPLETIONS), num_generations=GROUP_SIZE,
-        max_completion_length=16, temperature=1.0, shuffle_dataset=False, logging_steps=1, disable_tqdm=True, seed=0,
-    )  # fmt: skip
+    config = grpo_settings(output_dir)
     config.update(settings)
     model = model_path if isinstance(model_path, torch.nn.Module) else str(model_path)
     kwargs = dict(
