@@ -6,6 +6,7 @@ from dataclasses import replace
 import torch
 
 from erpo_lightning import objectives as obj
+from erpo_lightning.objectives.algorithms import resolve_algorithm
 from erpo_lightning.scoring.queries import QueryScoringLayout, score_block
 from erpo_lightning.update import (
     StepInputs,
@@ -15,7 +16,7 @@ from erpo_lightning.update import (
     step_normalizers,
 )
 from helpers.batches import carrying_scores
-from helpers.module_steps import ReferenceLogprobs, rollout_batch
+from helpers.module_steps import PROMPTS, ReferenceLogprobs, rollout_batch
 
 
 class LayoutScores(ReferenceLogprobs):
@@ -47,6 +48,15 @@ def step(
     )
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return grads, stats
+
+
+def theta0_step(model, max_tokens, share_prompt, layout=None):
+    """`step` at θ0 (the weights not moved) under the `erpo` preset with a Query-KL tolerance of 0, θ0's scores made
+    in `layout` on PROMPTS: the step where every query token's log-ratio must be exactly 0."""
+    cache = LayoutScores(model, PROMPTS, layout)
+    algorithm = resolve_algorithm("erpo", query_kl_tolerance=0.0)
+    batch = prepared(model, cache, algorithm, perturb=False)
+    return step(model, algorithm, batch, cache, max_tokens, share_prompt)
 
 
 def prepared(model, cache, algorithm, perturb=True):

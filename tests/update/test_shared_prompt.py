@@ -5,7 +5,7 @@ The step's loss and gradients equal the plain exact step's within float32 roundi
 import pytest
 import torch
 from helpers.module_steps import PROMPTS
-from helpers.step_runs import LayoutScores, prepared, step
+from helpers.step_runs import LayoutScores, prepared, step, theta0_step
 
 from erpo_lightning.modules.lora import LoraSettings, add_lora_adapters
 from erpo_lightning.objectives.algorithms import resolve_algorithm
@@ -46,10 +46,7 @@ def test_query_kl_at_theta0_is_exactly_zero_in_either_layout(tiny_model_path, dt
     the Query-KL term adds nothing, in float32 and bfloat16, with the shared prompt and the exact pass, in the
     default layout and with each query alone at a width multiple of 8 (bench_step's `*_alone` arms)."""
     model = load_tiny_model(tiny_model_path).to(dtype)
-    cache = LayoutScores(model, PROMPTS, layout)
-    algorithm = resolve_algorithm("erpo", query_kl_tolerance=0.0)
-    batch = prepared(model, cache, algorithm, perturb=False)
-    _, stats = step(model, algorithm, batch, cache, 10_000, share_prompt)
+    _, stats = theta0_step(model, 10_000, share_prompt, layout)
     drift = stats.query_drift.query_loglik_change
     assert drift.numel() == len(PROMPTS) and torch.equal(drift, torch.zeros_like(drift))
     assert torch.equal(stats.query_drift.query_kl, torch.zeros_like(drift))

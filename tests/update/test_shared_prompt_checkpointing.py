@@ -11,7 +11,7 @@ import torch
 from helpers.fit_configs import run_erpo
 from helpers.module_steps import PROMPTS
 from helpers.quickstart import copy_quickstart_inputs
-from helpers.step_runs import LayoutScores, prepared, step
+from helpers.step_runs import LayoutScores, prepared, step, theta0_step
 from safetensors.torch import load_file
 
 from erpo_lightning.modules.settings import check_module_settings
@@ -33,10 +33,7 @@ def test_query_kl_at_theta0_is_exactly_zero_under_checkpointing(tiny_model_path,
     """The checkpointed prompt forward is the cache build's forward to the bit: every query token's log-ratio is 0
     and the Query-KL term adds nothing, one micro-batch per row."""
     model = policy(tiny_model_path, True, dtype)
-    cache = LayoutScores(model, PROMPTS)
-    algorithm = resolve_algorithm("erpo", query_kl_tolerance=0.0)
-    batch = prepared(model, cache, algorithm, perturb=False)
-    grads, stats = step(model, algorithm, batch, cache, 1, True)
+    grads, stats = theta0_step(model, 1, True)
     drift = stats.query_drift.query_loglik_change
     assert drift.numel() == len(PROMPTS) and torch.equal(drift, torch.zeros_like(drift))
     assert torch.equal(stats.query_drift.query_kl, torch.zeros_like(drift))
