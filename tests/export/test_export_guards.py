@@ -15,37 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.cli_runs import fails_in_one_line, run_main
+from helpers.lora_exports import LORA, lora_module, move_adapters, probe_logits
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from erpo_lightning.export.hf_model import export_checkpoint, initial_model_reference
-from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.modules.lora import LoraSettings
 from erpo_lightning.toy import SHIPPED_DIR
-
-PROBE = "Compute 7 + 8 - 5.\n"
-LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0, "seed": 0}
 
 
 def save_checkpoint(path: Path, policy: torch.nn.Module, hyper_parameters: dict) -> Path:
     torch.save({"hyper_parameters": hyper_parameters, "state_dict": {f"policy.{k}": v for k, v in
                                                                      policy.state_dict().items()}}, path)  # fmt: skip
     return path
-
-
-def move_adapters(policy: torch.nn.Module) -> None:
-    """Every B off 0 by a fixed draw, as training would move it."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in policy.named_parameters():
-            if ".lora_B." in name:
-                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
-
-
-def probe_logits(model: torch.nn.Module) -> torch.Tensor:
-    ids = AutoTokenizer.from_pretrained(SHIPPED_DIR)(PROBE, return_tensors="pt").input_ids
-    with torch.no_grad():
-        return model.eval()(ids).logits
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +42,7 @@ def full_checkpoint(tmp_path_factory) -> Path:
 def lora_checkpoint(tmp_path_factory) -> Path:
     """A LoRA checkpoint (r = 4 on every linear layer, B moved off 0) whose `model_path` is relative to SHIPPED_DIR's
     parent, as a run started there records it."""
-    module = ERPOModule(str(SHIPPED_DIR), peft=LoraSettings(**LORA))
-    module.configure_model()
-    move_adapters(module.policy)
+    module = lora_module()
     hyper_parameters = {**dict(module.hparams), "model_path": SHIPPED_DIR.name}
     return save_checkpoint(tmp_path_factory.mktemp("lora") / "lora.ckpt", module.policy, hyper_parameters)
 

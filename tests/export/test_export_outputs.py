@@ -11,35 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.cli_runs import fails_in_one_line
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from helpers.lora_exports import lora_module, probe_logits
+from transformers import AutoModelForCausalLM
 
 from erpo_lightning.export.hf_model import export_checkpoint
-from erpo_lightning.modules.erpo_module import ERPOModule
-from erpo_lightning.modules.lora import LoraSettings
 from erpo_lightning.toy import SHIPPED_DIR
-
-PROBE = "Compute 7 + 8 - 5.\n"
-LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0, "seed": 0}
-
-
-def probe_logits(model: torch.nn.Module) -> torch.Tensor:
-    """The logits of PROBE: [1, tokens, vocabulary]."""
-    ids = AutoTokenizer.from_pretrained(SHIPPED_DIR)(PROBE, return_tensors="pt").input_ids
-    with torch.no_grad():
-        return model.eval()(ids).logits
 
 
 @pytest.fixture(scope="module")
 def lora_checkpoint(tmp_path_factory) -> Path:
     """A LoRA checkpoint of the toy model (r = 4 on every linear layer) whose every B is moved off 0, so that the
     adapter changes the model's logits."""
-    module = ERPOModule(str(SHIPPED_DIR), peft=LoraSettings(**LORA))
-    module.configure_model()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in module.policy.named_parameters():
-            if ".lora_B." in name:
-                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    module = lora_module()
     checkpoint = {
         "hyper_parameters": dict(module.hparams),
         "state_dict": {f"policy.{name}": value for name, value in module.policy.state_dict().items()},
