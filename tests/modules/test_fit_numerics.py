@@ -1,11 +1,11 @@
 """Numbers a run must not invent or keep (issue 30): logs of skipped steps and sweeps, diverged weights, checkpoints."""
 
-import csv
 import warnings
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.logged_fits import logged_fit
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from erpo_lightning.callbacks import RolloutCallback, TemperatureSweepCallback
@@ -42,19 +42,8 @@ def fit(model_path, data_file, root, max_steps, module, reward, callbacks=()):
     for callback in callbacks:  # wired as the erpo CLI wires them
         if isinstance(callback, TemperatureSweepCallback):
             callback.bind(rollout.sampler, data.prompt_format(), data.prepare_queries)
-    trainer = ERPOLightningTrainer(
-        max_steps=max_steps, accelerator="cpu", logger=pl.loggers.CSVLogger(root), log_every_n_steps=1,
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=any(
-            isinstance(c, ModelCheckpoint) for c in callbacks
-        ),
-        callbacks=[rollout, *callbacks],
-    )  # fmt: skip
-    try:
-        trainer.fit(module, datamodule=data)
-    finally:
-        files = list(root.rglob("metrics.csv"))
-        rows = list(csv.DictReader(files[0].open())) if files else []
-    return rows
+    checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
+    return logged_fit(root, module, data, [rollout, *callbacks], max_steps, checkpointing)
 
 
 def test_a_skipped_step_logs_nan_not_the_previous_steps_values(tiny_model_path, benchmarks_dir, tmp_path):

@@ -6,16 +6,15 @@ On the shipped toy model and problems, through the real sampler and rollout call
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from helpers.logged_fits import logged_fit
 from transformers import AutoTokenizer
 
 from erpo_lightning.callbacks import RolloutCallback
-from erpo_lightning.cli.command import ERPOLightningTrainer
 from erpo_lightning.data import QueryDataModule
 from erpo_lightning.modules.erpo_module import ERPOModule
 from erpo_lightning.rollout import HFEngine, RolloutSampler, SamplingSettings
@@ -118,16 +117,7 @@ def fit(root: Path, reward, nan_policy: str, steps: int) -> list[dict]:
     )  # fmt: skip
     module = ERPOModule(str(SHIPPED), learning_rate=1e-4, nan_policy=nan_policy)
     rollout = RolloutCallback(HFEngine(), reward, group_size=2, max_new_tokens=6, seed=0)
-    trainer = ERPOLightningTrainer(
-        max_steps=steps, accelerator="cpu", logger=pl.loggers.CSVLogger(root), log_every_n_steps=1,
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, callbacks=[rollout],
-    )  # fmt: skip
-    try:
-        trainer.fit(module, datamodule=data)
-    finally:
-        files = list(root.rglob("metrics.csv"))
-        rows = list(csv.DictReader(files[0].open())) if files else []
-    return rows
+    return logged_fit(root, module, data, [rollout], steps)
 
 
 @pytest.mark.slow  # two short fits: out of the `make test-fast` loop
