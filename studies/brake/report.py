@@ -43,12 +43,11 @@ from studies.engine.report import (
     arms_line,
     base_sweep,
     benchmark_label,
-    collect,
     estimators,
     markdown_table,
     mean_std,
+    per_seed_table,
     seeds_line,
-    with_base_model,
     write_claims,
 )
 from studies.engine.trajectory import (
@@ -128,14 +127,12 @@ def derived_rows(records: list[RunRecord], benchmark: str, table: dict, matched:
 def brake_table(records: list[RunRecord], settings: StudySettings, matched: Matched) -> tuple[dict, dict, str]:
     """(the per-seed table with the base model's and the derived rows, the base model's sweep, the benchmark)."""
     benchmark = benchmark_label(records)
-    runs = collect(records, settings.temperatures, benchmark)
     every = settings.sweep_every or settings.steps
-    for record in sorted(records, key=lambda r: r.seed):
-        quantities = run_quantities(record, benchmark, record.sweep()["last_step"], every)
-        for name, value in quantities.items():
-            runs[record.method].setdefault(name, []).append(value)
     base = base_sweep(records)
-    table = with_base_model(runs, base, settings.temperatures, benchmark)
+    table = per_seed_table(
+        records, settings.temperatures, benchmark, base,
+        lambda record: run_quantities(record, benchmark, record.sweep()["last_step"], every),
+    )  # fmt: skip
     first = next(r for r in records if r.sweep()["first_step"] == 0)
     table[BASE_ARM]["wrong steps train T=1"] = [wrong_share(first, TRAIN, 0)] * len(table[BASE_ARM]["seed"])
     table[BASE_ARM]["wrong steps T=1"] = [wrong_share(first, benchmark, 0)] * len(table[BASE_ARM]["seed"])

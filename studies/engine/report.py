@@ -2,10 +2,11 @@
 
 Reads each run's `metrics.csv` (CSVLogger), `hparams.yaml` (which Query-KL estimator it optimised) and
 `sweep_summary.json` (TemperatureSweepCallback) into one per-seed table (`collect`: arm -> quantity -> one value per
-seed), and formats it: mean ± std, median [min, max], per-seed values, markdown tables. The studies' report texts
-(studies/toy/study.py, studies/real_model/study.py) are written from these pieces and
-studies/engine/figures.py. A file that cannot be read as what it should be (a `metrics.csv` cut short, a JSON or
-YAML file that does not parse or lacks a key) is a `DamagedRunFile` naming the file and what is wrong.
+seed; `per_seed_table`: with a study's own quantities per run and the base model's row), and formats it: mean ±
+std, median [min, max], per-seed values, markdown tables. The studies' report texts (studies/toy/study.py,
+studies/real_model/study.py) are written from these pieces and studies/engine/figures.py. A file that cannot be
+read as what it should be (a `metrics.csv` cut short, a JSON or YAML file that does not parse or lacks a key) is a
+`DamagedRunFile` naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -291,6 +292,22 @@ def with_base_model(table: dict, base: dict, temperatures: Sequence[float], benc
         row[column] = [base[f"val/avg@k/{benchmark}/{suffix}"]] * len(seeds)
         row[f"train {column}"] = [base.get(f"val/avg@k/{TRAIN_SAMPLE}/{suffix}", np.nan)] * len(seeds)
     return {BASE_ARM: row, **table}
+
+
+def per_seed_table(
+    records: list[RunRecord],
+    temperatures: Sequence[float],
+    benchmark: str,
+    base: dict,
+    quantities: Callable[[RunRecord], dict[str, float]] | None = None,
+) -> dict:
+    """`collect`'s table with each run's own `quantities(record)` (a study's trajectory quantities) added to its arm's
+    row, in seed order as collect's, and the base model's row first from its sweep `base` (`with_base_model`)."""
+    table = collect(records, temperatures, benchmark)
+    for record in sorted(records, key=lambda r: r.seed):
+        for name, value in (quantities(record) if quantities else {}).items():
+            table[record.method].setdefault(name, []).append(value)
+    return with_base_model(table, base, temperatures, benchmark)
 
 
 def add_retention(table: dict, high: str, low: str) -> None:

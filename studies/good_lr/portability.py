@@ -29,13 +29,12 @@ from studies.engine.report import (
     arms_line,
     base_sweep,
     benchmark_label,
-    collect,
     estimators,
     markdown_table,
     mean_std,
+    per_seed_table,
     seeds_line,
     sweep_column,
-    with_base_model,
     write_claims,
 )
 from studies.engine.run import REPO
@@ -104,16 +103,14 @@ def portability_table(records: list[RunRecord], settings: StudySettings) -> dict
     temperature (`T=... end`) and on the training queries at T = 1.0 (`train T=1 end`), with the base model's row
     (its one sweep for every `end` quantity)."""
     benchmark = benchmark_label(records)
-    runs = collect(records, settings.temperatures, benchmark)
-    for record in sorted(records, key=lambda r: r.seed):
+
+    def ends(record: RunRecord) -> dict[str, float]:
         frame = sweeps(record)
-        values = runs[record.method]
-        for temperature in settings.temperatures:
-            test = frame[sweep_column(benchmark, temperature)]
-            values.setdefault(end(temperature), []).append(last_mean(test, WINDOW))
-        values.setdefault("train T=1 end", []).append(last_mean(frame[sweep_column(TRAIN, 1.0)], WINDOW))
+        values = {end(t): last_mean(frame[sweep_column(benchmark, t)], WINDOW) for t in settings.temperatures}
+        return {**values, "train T=1 end": last_mean(frame[sweep_column(TRAIN, 1.0)], WINDOW)}
+
     base = base_sweep(records)
-    table = with_base_model(runs, base, settings.temperatures, benchmark)
+    table = per_seed_table(records, settings.temperatures, benchmark, base, ends)
     seeds = len(table[BASE_ARM]["seed"])
     for temperature in settings.temperatures:
         table[BASE_ARM][end(temperature)] = [base[sweep_column(benchmark, temperature)]] * seeds

@@ -30,13 +30,12 @@ from studies.engine.report import (
     arms_line,
     base_sweep,
     benchmark_label,
-    collect,
     estimators,
     markdown_table,
     mean_std,
+    per_seed_table,
     seeds_line,
     sweep_column,
-    with_base_model,
     write_claims,
 )
 from studies.engine.trajectory import by_sweep, last_mean, sweeps, value_at
@@ -130,12 +129,11 @@ def good_lr_table(records: list[RunRecord], settings: StudySettings) -> tuple[di
     """(the per-seed table the claims read, with the base model's and the monitor's derived rows; every monitor
     signal's errors)."""
     benchmark = benchmark_label(records)
-    runs = collect(records, settings.temperatures, benchmark)
-    for record in sorted(records, key=lambda r: r.seed):
-        for name, value in run_quantities(record, benchmark, settings.steps).items():
-            runs[record.method].setdefault(name, []).append(value)
     base = base_sweep(records)
-    table = with_base_model(runs, base, settings.temperatures, benchmark)
+    table = per_seed_table(
+        records, settings.temperatures, benchmark, base,
+        lambda record: run_quantities(record, benchmark, settings.steps),
+    )  # fmt: skip
     table[BASE_ARM]["train T=1 end"] = [base[sweep_column(TRAIN, 1.0)]] * len(table[BASE_ARM]["seed"])
     derived, errors = monitor_rows(records, benchmark)
     table.update(derived)

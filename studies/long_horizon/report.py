@@ -28,12 +28,11 @@ from studies.engine.report import (
     arms_line,
     base_sweep,
     benchmark_label,
-    collect,
     estimators,
     markdown_table,
     mean_std,
+    per_seed_table,
     seeds_line,
-    with_base_model,
     write_claims,
 )
 from studies.engine.trajectory import area_after, by_sweep, last_mean, peak, reward_curve, sweeps, value_at
@@ -81,11 +80,9 @@ def run_quantities(record: RunRecord, benchmark: str) -> dict[str, float]:
 def long_horizon_table(records: list[RunRecord], settings: StudySettings) -> dict:
     """The per-seed table the claims read: the engine's final values, the trajectory quantities, the base row."""
     benchmark = benchmark_label(records)
-    runs = collect(records, settings.temperatures, benchmark)
-    for record in sorted(records, key=lambda r: r.seed):
-        for name, value in run_quantities(record, benchmark).items():
-            runs[record.method].setdefault(name, []).append(value)
-    return with_base_model(runs, base_sweep(records), settings.temperatures, benchmark)
+    return per_seed_table(
+        records, settings.temperatures, benchmark, base_sweep(records), lambda record: run_quantities(record, benchmark)
+    )
 
 
 def pilot_section(folder: Path) -> str:

@@ -20,14 +20,13 @@ from studies.engine.report import (
     arms_line,
     base_sweep,
     benchmark_label,
-    collect,
     estimators,
     markdown_table,
     mean_std,
     median_range,
+    per_seed_table,
     per_seed_values,
     seeds_line,
-    with_base_model,
     write_claims,
 )
 
@@ -76,8 +75,7 @@ def overfit_table(records: list[RunRecord], settings: StudySettings) -> dict:
     first run's sweep at step 0) and every row's `retention` (held-out T = 1.5 over T = 1.0). The report and
     `python -m studies.engine.compare overfit` both read this one table."""
     benchmark = benchmark_label(records)
-    runs = collect(records, settings.temperatures, benchmark)
-    table = with_base_model(runs, base_sweep(records), settings.temperatures, benchmark)
+    table = per_seed_table(records, settings.temperatures, benchmark, base_sweep(records))
     add_retention(table, "T=1.5", "T=1")
     return table
 
