@@ -20,7 +20,15 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers.trl_setup import gradients, noisy_old_logprobs, perturb, scored_rows
+from helpers.trl_setup import (
+    COMPLETIONS,
+    GROUP_SIZE,
+    gradients,
+    noisy_old_logprobs,
+    perturb,
+    rollout_for,
+    scored_rows,
+)
 
 from erpo_lightning import objectives as obj
 from erpo_lightning.objectives.algorithms import Algorithm
@@ -34,17 +42,12 @@ pytestmark = [
     ),
 ]
 
-GROUP_SIZE = 4
 TEMPERATURE = 0.9
 MAX_COMPLETION_LENGTH = 16  # TRL's `max_completion_length`: Dr. GRPO's constant normaliser
 # Prompts of different lengths, so rows are left-padded: TRL numbers a row's positions from its first pad, we from
 # its first real token. With rotary position embeddings (Qwen2) a constant shift per row cancels (docs/trl.md).
+# GROUP_SIZE and the COMPLETIONS are tests/helpers/trl_setup.py's; these prompts and rewards are this file's own.
 PROMPTS = ["Compute 7 + 8.", "What is 2 * 3? Be brief.", "9 - 4?"]
-COMPLETIONS = [
-    "15<|im_end|>", "14", "it is 15<|im_end|>", "x",
-    "6<|im_end|>", "six, I think<|im_end|>", "5", "66666666",
-    "5<|im_end|>", "five", "5.0<|im_end|>", "the answer is 5",
-]  # fmt: skip
 # The third group's rewards are all equal: its advantages must be exactly 0 on both sides.
 REWARDS = [1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
 TRL_ADVANTAGE_EPS = 1e-4
@@ -92,14 +95,6 @@ def make_trainer(trl_classes, model_path, output_dir, case: Case):
     Dataset, GRPOConfig, GRPOTrainer = trl_classes
     tokenizer = build_byte_tokenizer()
 
-    def fixed_rollout(prompts, trainer):
-        assert prompts == [p for p in PROMPTS for _ in range(GROUP_SIZE)]
-        return {
-            "prompt_ids": [tokenizer(p)["input_ids"] for p in prompts],
-            "completion_ids": [tokenizer(c)["input_ids"] for c in COMPLETIONS],
-            "logprobs": None,
-        }
-
     def fixed_reward(prompts, completions, **_):
         assert completions == [c.replace("<|im_end|>", "") for c in COMPLETIONS]
         return list(REWARDS)
@@ -113,7 +108,8 @@ def make_trainer(trl_classes, model_path, output_dir, case: Case):
     )  # fmt: skip
     trainer = GRPOTrainer(
         model=str(model_path), reward_funcs=fixed_reward, args=config,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tokenizer, rollout_func=fixed_rollout,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tokenizer,
+        rollout_func=rollout_for(PROMPTS),
     )  # fmt: skip
     # Move the policy away from the reference model TRL loaded from the same checkpoint: Policy-KL becomes non-zero.
     perturb(trainer.model)

@@ -31,15 +31,22 @@ COMPLETIONS = [
 REWARDS = [1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
 
 
-def fixed_rollout(prompts, trainer):
-    """TRL `rollout_func`: COMPLETIONS for the prompts in dataset order, G per prompt (no sampling)."""
-    tokenizer = trainer.processing_class
-    assert prompts == [p for p in PROMPTS for _ in range(GROUP_SIZE)]
-    return {
-        "prompt_ids": [tokenizer(p)["input_ids"] for p in prompts],
-        "completion_ids": [tokenizer(c)["input_ids"] for c in COMPLETIONS],
-        "logprobs": None,
-    }
+def rollout_for(dataset_prompts: list[str]):
+    """A TRL `rollout_func`: COMPLETIONS for `dataset_prompts` in dataset order, G per prompt (no sampling)."""
+
+    def fixed_rollout(prompts, trainer):
+        tokenizer = trainer.processing_class
+        assert prompts == [p for p in dataset_prompts for _ in range(GROUP_SIZE)]
+        return {
+            "prompt_ids": [tokenizer(p)["input_ids"] for p in prompts],
+            "completion_ids": [tokenizer(c)["input_ids"] for c in COMPLETIONS],
+            "logprobs": None,
+        }
+
+    return fixed_rollout
+
+
+fixed_rollout = rollout_for(PROMPTS)  # the `rollout_func` of make_trainer's trainers
 
 
 def fixed_reward(prompts, completions, **_):
