@@ -1,8 +1,8 @@
 """Every study the engine runs, by the name `studies/engine/compare.py` takes."""
 
-from studies.brake.study import BRAKE
+from studies.brake.run import BRAKE
 from studies.engine.definition import Study
-from studies.long_horizon.study import LONG_HORIZON
+from studies.long_horizon.run import LONG_HORIZON
 from studies.overfit.study import OVERFIT
 from studies.real_model.study import REAL_MODEL
 from studies.toy.study import TOY

@@ -1,5 +1,5 @@
-"""`python -m studies.brake [--quick | --report-only | ...]`: the brake study (studies/brake/study.py)."""
+"""`python -m studies.brake [--quick | --report-only | ...]`: the brake study (studies/brake/run.py)."""
 
-from studies.brake.study import main
+from studies.brake.run import main
 
 main()

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from studies.brake.study import BRAKE, EARLY_WINDOW, LEVEL, ROLLING, STEPS, SWEEP_EVERY, arm
+from studies.brake.run import BRAKE
+from studies.brake.study import EARLY_WINDOW, LEVEL, ROLLING, STEPS, SWEEP_EVERY, arm
 from studies.engine.definition import ReportInputs
 from studies.engine.report import RunRecord
 from studies.engine.run import REPO

@@ -20,18 +20,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from studies.engine.claims import BASE_ARM, Claim, Gate, LearningGuard
-from studies.engine.definition import ALL_QUERIES, ReportInputs, Study, StudySettings
+from studies.engine.definition import ALL_QUERIES, StudySettings
 from studies.engine.paired import MeanCheck, PairedInterval
-from studies.engine.report import RunRecord
-from studies.engine.run import main as run_study_main
 from studies.engine.runs import run_slug
 from studies.overfit.study import TRAIN_FILE
-from studies.toy.study import shipped_model
 
 BASE_CONFIG = "configs/quickstart.yaml"
 TRAIN_QUERIES = 32  # the overfitting study's regime, q32_lr0.0003_s150
@@ -206,51 +201,3 @@ CLAIMS: tuple[Claim, ...] = (
 )  # fmt: skip
 CENTRAL = ("accuracy.erpo_vs_lower_lr", "accuracy.erpo_vs_stopped", "accuracy.erpo_vs_grpo_kl_matched",
            "accuracy.erpo_vs_grpo_at_level")  # fmt: skip
-
-
-def write_brake_report(inputs: ReportInputs) -> list[dict]:
-    """The brake study's report (studies.brake.report) on its claims."""
-    from studies.brake.report import brake_report  # the report imports this module's constants
-
-    return brake_report(inputs, CLAIMS, SETTINGS)
-
-
-def brake_claims_table(records: list[RunRecord], settings: StudySettings) -> dict:
-    """The per-seed table the claims read (studies.brake.report.brake_table), for the compare command."""
-    from studies.brake.report import brake_table
-
-    return brake_table(records, settings, SETTINGS)[0]
-
-
-BRAKE = Study(
-    name="brake-study",
-    module="studies.brake",
-    base_config=BASE_CONFIG,
-    arms=ARMS,
-    default_arms=tuple(ARMS),  # a report reads every arm; the plan's commands name the arms and seeds they run
-    full=FULL,
-    quick=QUICK,
-    claims=CLAIMS,
-    out=Path("studies/brake/runs"),
-    quick_out=Path("runs/brake_study_quick"),
-    report=Path("studies/brake/brake_study.md"),
-    model_identity=shipped_model,
-    write_report=write_brake_report,
-    fit_flags=regime_flags(),
-    derived_arms=DERIVED_ARMS,
-    table=brake_claims_table,
-)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if MATCHED is None and not {"--quick", "-h", "--help"} & set(args):
-        raise SystemExit(
-            "the brake study's matched controls are not fixed yet: run `python -m studies.brake.pilot` "
-            "and write its choices into MATCHED (brake_plan.md, 'Pilot result') before any main run"
-        )
-    run_study_main(BRAKE, argv)
-
-
-if __name__ == "__main__":
-    main()

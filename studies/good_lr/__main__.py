@@ -1,5 +1,5 @@
-"""`python -m studies.good_lr [--quick | --report-only | ...]`: the study of studies/good_lr/study.py."""
+"""`python -m studies.good_lr [--quick | --report-only | ...]`: the study of studies/good_lr/run.py."""
 
-from studies.good_lr.study import main
+from studies.good_lr.run import main
 
 main()

@@ -1,6 +1,7 @@
 """The good-lr study's two measures beyond the engine's (good_lr_plan.md): the bootstrap over seeds and test problems
-together, and the monitor claim's leave-one-seed-out prediction of grpo's drawdown. Pure numpy and pandas on values
-the report reads from the runs, so that tests can check them against hand computation.
+together, the monitor claim's leave-one-seed-out prediction of grpo's drawdown, and that drawdown at a run length (the
+pilot's rule reads it too). Pure numpy and pandas on values the report reads from the runs, so that tests can check
+them against hand computation.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from studies.engine.trajectory import last_mean, peak
+from studies.good_lr.study import SWEEP_EVERY, WINDOW
+
 RESAMPLES = 2000
 LEVEL = 0.95
 KL_FLOOR = 1e-6  # a KL enters the monitor's fit as log(KL + KL_FLOOR): KLs span orders of magnitude
+FIRST_SWEEP = SWEEP_EVERY  # the best window starts at the first sweep after step 0
 MONITOR_FIRST_STEP = 60  # the first sweep step with three trailing sweeps that exclude the base model's (20, 40, 60)
 
 
@@ -110,3 +115,13 @@ def leave_one_seed_out_errors(runs: list[MonitorRun]) -> dict[str, list[float]]:
             predicted = intercept + slope * test[signal].to_numpy()
             errors[signal].append(float(np.abs(predicted - test["drawdown"].to_numpy()).mean()))
     return errors
+
+
+def drawdown(series: pd.Series, length: int) -> float:
+    """Points between the best three-sweep mean over steps FIRST_SWEEP..length - 60 and the mean of the last three
+    sweeps up to `length` (series: held-out Avg@4 in [0, 1] by sweep step); NaN when the sweeps do not reach it."""
+    upto = series.loc[:length]
+    if upto.index.max() < length:
+        return float("nan")
+    best = peak(upto, WINDOW, FIRST_SWEEP, length - WINDOW * SWEEP_EVERY)[1]
+    return 100 * (best - last_mean(upto, WINDOW))

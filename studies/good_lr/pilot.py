@@ -18,32 +18,21 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
-
 from studies.engine.definition import ReportInputs
 from studies.engine.report import benchmark_label
 from studies.engine.run import REPO
 from studies.engine.run import main as run_study_main
-from studies.engine.trajectory import last_mean, peak, sweeps
-from studies.good_lr.study import PILOT_LENGTHS, SWEEP_EVERY, WINDOW, compact_completions, core_study, settings
+from studies.engine.trajectory import sweeps
+from studies.good_lr.measures import FIRST_SWEEP, drawdown
+from studies.good_lr.run import core_study
+from studies.good_lr.study import PILOT_LENGTHS, WINDOW, compact_completions, settings
 
 PILOT_SEEDS = (800, 801)
 PILOT_STEPS = max(PILOT_LENGTHS)
 GATE_DRAWDOWN = 2.0  # points below its best three-sweep mean that grpo must end, in both seeds
-FIRST_SWEEP = SWEEP_EVERY  # the best window starts at the first sweep after step 0
 # Avg@4 values are multiples of 1/800: a drawdown that lands on the bound must not fall below it by rounding.
 ROUNDING = 1e-9
 OUT = Path("studies/good_lr/pilot_runs")
-
-
-def drawdown(series: pd.Series, length: int) -> float:
-    """Points between the best three-sweep mean over steps FIRST_SWEEP..length - 60 and the mean of the last three
-    sweeps up to `length` (series: held-out Avg@4 in [0, 1] by sweep step); NaN when the sweeps do not reach it."""
-    upto = series.loc[:length]
-    if upto.index.max() < length:
-        return float("nan")
-    best = peak(upto, WINDOW, FIRST_SWEEP, length - WINDOW * SWEEP_EVERY)[1]
-    return 100 * (best - last_mean(upto, WINDOW))
 
 
 def choose_steps(drawdowns: dict[int, dict[int, float]]) -> int:

@@ -8,7 +8,7 @@ Quantities per run (accuracies in [0, 1]; good_lr_plan.md names each):
   T = 1.0, the earliest on a tie; `selected step` that sweep's step;
 - `train T=1 end`: training-query Avg@4 at T = 1.0, the mean of the last three sweeps;
 - `drawdown T=1`: points between the best three-sweep test-set mean at T = 1.0 (steps 20 to the end − 60) and the
-  last three sweeps' (studies.good_lr.pilot.drawdown).
+  last three sweeps' (studies.good_lr.measures.drawdown).
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from studies.engine.trajectory import by_sweep, last_mean, sweeps, value_at
 from studies.good_lr.measures import (
     SIGNALS,
     SIMPLER,
+    drawdown,
     generality,
     leave_one_seed_out_errors,
     monitor_run,
     seed_problem_interval,
 )
-from studies.good_lr.pilot import drawdown
 from studies.good_lr.study import (
     BEATS,
     CORE_CLAIMS,

@@ -18,14 +18,11 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import sys
 from pathlib import Path
 
 from studies.engine.claims import BASE_ARM, Claim
-from studies.engine.definition import ALL_QUERIES, ReportInputs, Study, StudySettings
+from studies.engine.definition import ALL_QUERIES, StudySettings
 from studies.engine.paired import MeanCheck, PairedInterval
-from studies.engine.run import main as run_study_main
-from studies.toy.study import shipped_model
 
 BASE_CONFIG = "configs/quickstart.yaml"
 TRAIN_FILE = "erpo_lightning/toy/shipped/train.jsonl"
@@ -130,45 +127,3 @@ def compact_completions(run_folder: Path, benchmark: str) -> Path:
         writer.writerows(sorted(rows))
     responses.unlink()
     return counts
-
-
-def write_core_report(inputs: ReportInputs) -> list[dict]:
-    """The core's report (studies.good_lr.report): written once the runs have finished, before any verdict is read."""
-    from studies.good_lr.report import good_lr_report
-
-    return good_lr_report(inputs)
-
-
-def core_study(steps: int, out: Path = Path("studies/good_lr/runs")) -> Study:
-    """The core study with runs of `steps` steps, its runs under `out`."""
-    return Study(
-        name="good-lr-study",
-        module="studies.good_lr",
-        base_config=BASE_CONFIG,
-        arms=CORE_ARMS,
-        default_arms=tuple(CORE_ARMS),
-        full=settings(steps, CORE_SEEDS),
-        quick=QUICK,
-        claims=CORE_CLAIMS,
-        out=out,
-        quick_out=Path("runs/good_lr_quick"),
-        report=Path("studies/good_lr/good_lr_study.md"),
-        model_identity=shipped_model,
-        write_report=write_core_report,
-        fit_flags=regime_flags(),
-        derived_arms=(QUERY_KL_SIGNAL, SIMPLER_SIGNAL),
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if STEPS is None and not {"--quick", "-h", "--help"} & set(args):
-        raise SystemExit(
-            "the good-lr study's run length is not set: run `python -m studies.good_lr.pilot` first and commit its "
-            "result (good_lr_plan.md, 'Pilot'); until then only --quick runs"
-        )
-    run_study_main(core_study(STEPS or PILOT_LENGTHS[0]), argv)
-
-
-if __name__ == "__main__":
-    main()

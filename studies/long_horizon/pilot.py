@@ -28,7 +28,8 @@ from studies.engine.report import base_sweep, benchmark_label
 from studies.engine.run import REPO
 from studies.engine.run import main as run_study_main
 from studies.engine.trajectory import last_mean, peak, sweeps
-from studies.long_horizon.study import PEAK_RANGE, PILOT_REGIMES, WINDOW, Regime, arms, long_horizon_study
+from studies.long_horizon.run import long_horizon_study
+from studies.long_horizon.study import PEAK_RANGE, PILOT_REGIMES, WINDOW, Regime, arms
 
 PILOT_SEEDS = (400, 401)
 GATE_LEARN = 10.0  # points the training queries must end above the base model

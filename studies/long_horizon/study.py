@@ -16,16 +16,11 @@ plan, with every rule: studies/long_horizon/long_horizon_plan.md.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from studies.engine.claims import BASE_ARM, Claim
-from studies.engine.definition import ReportInputs, Study, StudySettings
+from studies.engine.definition import StudySettings
 from studies.engine.paired import MeanCheck, PairedInterval
-from studies.engine.report import RunRecord
-from studies.engine.run import main as run_study_main
-from studies.toy.study import shipped_model
 
 BASE_CONFIG = "configs/quickstart.yaml"
 TRAIN_FILE = "erpo_lightning/toy/shipped/train.jsonl"
@@ -163,55 +158,3 @@ CLAIMS: tuple[Claim, ...] = (
     *claims_for("erpo_released", "grpo", "erpo_released_vs_grpo"),
     *claims_for("erpo", "grpo (lower lr)", "erpo_vs_lower_lr"),
 )
-
-
-def write_long_horizon_report(inputs: ReportInputs) -> list[dict]:
-    """The long-horizon study's report (studies.long_horizon.report) on its claims."""
-    from studies.long_horizon.report import long_horizon_report
-
-    return long_horizon_report(inputs, CLAIMS, (REGIME or PILOT_REGIMES[0]).describe())
-
-
-def long_horizon_table(records: list[RunRecord], settings: StudySettings) -> dict:
-    """The per-seed table the claims read (studies.long_horizon.report.long_horizon_table), for the compare command."""
-    from studies.long_horizon.report import long_horizon_table as table
-
-    return table(records, settings)
-
-
-def long_horizon_study(regime: Regime, out: Path) -> Study:
-    """The study in `regime`, its runs under `out` (each pilot regime has its own)."""
-    return Study(
-        name="long-horizon-study",
-        module="studies.long_horizon",
-        base_config=BASE_CONFIG,
-        arms=arms(regime),
-        default_arms=tuple(arms(regime)),
-        full=FULL,
-        quick=QUICK,
-        claims=CLAIMS,
-        out=out,
-        quick_out=Path("runs/long_horizon_quick"),
-        report=Path("studies/long_horizon/long_horizon_study.md"),
-        model_identity=shipped_model,
-        write_report=write_long_horizon_report,
-        fit_flags=regime.flags(),
-        table=long_horizon_table,
-    )
-
-
-LONG_HORIZON = long_horizon_study(REGIME or PILOT_REGIMES[0], Path("studies/long_horizon/runs"))
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if REGIME is None and not {"--quick", "-h", "--help"} & set(args):
-        raise SystemExit(
-            "no long-horizon regime is chosen: run `python -m studies.long_horizon.pilot` first; the main runs start "
-            "only if a regime passes its gate (long_horizon_plan.md, 'Pilot')"
-        )
-    run_study_main(LONG_HORIZON, argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -17,9 +17,9 @@ from helpers.recomputed import assert_recomputes
 
 from erpo_lightning.objectives.algorithms import ALGORITHMS, Algorithm, resolve_algorithm
 from studies.brake import pilot
+from studies.brake.run import BRAKE, main
 from studies.brake.study import (
     ARMS,
-    BRAKE,
     CENTRAL,
     CLAIMS,
     CORE_ARMS,
@@ -31,7 +31,6 @@ from studies.brake.study import (
     MAY_WAIT_SEEDS,
     SETTINGS,
     VALIDITY,
-    main,
 )
 from studies.engine.claims import BASE_ARM, Claim, evaluate
 from studies.engine.claims import describe as describe_claim
@@ -221,7 +220,7 @@ import contextlib, io, json, sys
 from pathlib import Path
 import yaml
 from erpo_lightning.cli.command import main
-from studies.brake.study import BRAKE
+from studies.brake.run import BRAKE
 from studies.engine.runs import base_sweep, callback_config, fit_command
 out = Path(sys.argv[1])
 (out / "callbacks.yaml").write_text(yaml.safe_dump(callback_config(base_sweep(Path("."), BRAKE.base_config),

@@ -12,10 +12,10 @@ import pytest
 from helpers.quickstart import copy_quickstart_inputs
 from helpers.recomputed import assert_recomputes, assert_same_report, same_up_to_printed_rounding
 
-from studies.brake import study as brake
+from studies.brake import run as brake
 from studies.engine.claims import BASE_ARM
 from studies.engine.compare import main as compare_main
-from studies.long_horizon import study as long_horizon
+from studies.long_horizon import run as long_horizon
 from studies.overfit import study as overfit
 from studies.real_model import study as real_model
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studies.good_lr import pilot, study
+from studies.good_lr import measures, pilot, run, study
 
 REPO = Path(__file__).resolve().parents[2]
 EARLIER_SEEDS = set(range(8)) | {100, 101, 200, 201, 400, 401} | set(range(300, 316)) | set(range(500, 508))
@@ -24,10 +24,10 @@ def test_the_drawdown_is_the_best_window_minus_the_last_three_sweeps():
     # rises to 0.50 by steps 40-80, then falls to 0.40 over the last three sweeps before step 300
     values = [0.40, 0.45, 0.50, 0.50, 0.50, 0.48, 0.47, 0.46, 0.45, 0.44, 0.43, 0.42, 0.41, 0.40, 0.40, 0.40]
     series = curve(values + [0.39] * 10)  # 500 steps: 26 sweeps
-    assert pilot.drawdown(series, 300) == pytest.approx(100 * (0.50 - 0.40))
+    assert measures.drawdown(series, 300) == pytest.approx(100 * (0.50 - 0.40))
     # at 400 the last three are 0.39 and the best window may reach step 340 only: still the 0.50 plateau
-    assert pilot.drawdown(series, 400) == pytest.approx(100 * (0.50 - 0.39))
-    assert pilot.drawdown(curve([0.4] * 10), 300) != pilot.drawdown(curve([0.4] * 10), 300)  # NaN: not reached
+    assert measures.drawdown(series, 400) == pytest.approx(100 * (0.50 - 0.39))
+    assert measures.drawdown(curve([0.4] * 10), 300) != measures.drawdown(curve([0.4] * 10), 300)  # NaN: not reached
 
 
 def test_the_pilot_chooses_the_shortest_length_that_passes_in_both_seeds():
@@ -51,7 +51,7 @@ def test_seeds_are_unseen_and_the_plan_is_committed_beside_the_study():
     assert not set(pilot.PILOT_SEEDS) & set(study.CORE_SEEDS) and len(study.CORE_SEEDS) == 16
     plan = (REPO / "studies/good_lr/good_lr_plan.md").read_text()
     assert "committed before any run" in plan and "810–825" in plan and "800, 801" in plan
-    core = study.core_study(300)
+    core = run.core_study(300)
     core.check()  # every arm is a preset `erpo fit` accepts
     assert core.full.validation == study.VALIDATION_FILE and core.full.sweep_every == 20
     assert {a[a.index("--model.learning_rate") + 1] for a in core.arms.values()} == {"7e-05"}
@@ -60,7 +60,7 @@ def test_seeds_are_unseen_and_the_plan_is_committed_beside_the_study():
 def test_no_main_run_before_the_pilot_set_the_length(monkeypatch):
     monkeypatch.setattr(study, "STEPS", None)
     with pytest.raises(SystemExit, match="run length is not set"):
-        study.main([])
+        run.main([])
 
 
 def test_the_seed_and_problem_interval_against_hand_computation():

@@ -15,16 +15,15 @@ from studies.engine.paired import MeanCheck, PairedInterval
 from studies.engine.runs import run_slug
 from studies.engine.trajectory import area_after, last_mean, peak
 from studies.long_horizon import pilot
+from studies.long_horizon.run import LONG_HORIZON, main
 from studies.long_horizon.study import (
     CLAIMS,
     FULL,
-    LONG_HORIZON,
     LOWER_LR_FACTOR,
     MAIN_SEEDS,
     PILOT_REGIMES,
     Regime,
     arms,
-    main,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +127,8 @@ from pathlib import Path
 import yaml
 from erpo_lightning.cli.command import main
 from studies.engine.runs import base_sweep, callback_config, fit_command
-from studies.long_horizon.study import FULL, PILOT_REGIMES, long_horizon_study
+from studies.long_horizon.run import long_horizon_study
+from studies.long_horizon.study import FULL, PILOT_REGIMES
 out = Path(sys.argv[1])
 results = {}
 for regime in PILOT_REGIMES:
