@@ -3,14 +3,13 @@ to the report of studies/brake/report.py) and its command, `python -m studies.br
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from studies.brake import study
 from studies.brake.report import brake_report, brake_table
 from studies.engine.definition import ReportInputs, Study, StudySettings
 from studies.engine.report import RunRecord
-from studies.engine.run import main as run_study_main
+from studies.engine.run import main_after_pilot
 from studies.toy.study import shipped_model
 
 
@@ -46,10 +45,10 @@ BRAKE = Study(
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m studies.brake`: refused (but for --quick and --help) until the pilot has fixed MATCHED."""
-    args = sys.argv[1:] if argv is None else argv
-    if study.MATCHED is None and not {"--quick", "-h", "--help"} & set(args):
-        raise SystemExit(
-            "the brake study's matched controls are not fixed yet: run `python -m studies.brake.pilot` "
-            "and write its choices into MATCHED (brake_plan.md, 'Pilot result') before any main run"
-        )
-    run_study_main(BRAKE, argv)
+    main_after_pilot(
+        BRAKE,
+        study.MATCHED is not None,
+        "the brake study's matched controls are not fixed yet: run `python -m studies.brake.pilot` "
+        "and write its choices into MATCHED (brake_plan.md, 'Pilot result') before any main run",
+        argv,
+    )

@@ -99,6 +99,15 @@ def run_study(study: Study, args: argparse.Namespace, settings: StudySettings, p
             future.result()
 
 
+def main_after_pilot(study: Study, pilot_done: bool, refusal: str, argv: list[str] | None = None) -> None:
+    """`main` for a study whose pilot fixes part of it: until `pilot_done`, every command but `--quick` and `--help`
+    stops with `refusal` (SystemExit), so that no main run starts on stand-in values."""
+    args = sys.argv[1:] if argv is None else argv
+    if not pilot_done and not {"--quick", "-h", "--help"} & set(args):
+        raise SystemExit(refusal)
+    main(study, argv)
+
+
 def main(study: Study, argv: list[str] | None = None) -> None:
     """Run `study` as its command line says (module docstring)."""
     study.check()

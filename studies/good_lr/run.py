@@ -4,11 +4,10 @@ studies.good_lr`."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from studies.engine.definition import ReportInputs, Study
-from studies.engine.run import main as run_study_main
+from studies.engine.run import main_after_pilot
 from studies.good_lr import study
 from studies.good_lr.report import good_lr_report
 from studies.toy.study import shipped_model
@@ -42,10 +41,10 @@ def core_study(steps: int, out: Path = Path("studies/good_lr/runs")) -> Study:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m studies.good_lr`: refused (but for --quick and --help) until the pilot has set STEPS."""
-    args = sys.argv[1:] if argv is None else argv
-    if study.STEPS is None and not {"--quick", "-h", "--help"} & set(args):
-        raise SystemExit(
-            "the good-lr study's run length is not set: run `python -m studies.good_lr.pilot` first and commit its "
-            "result (good_lr_plan.md, 'Pilot'); until then only --quick runs"
-        )
-    run_study_main(core_study(study.STEPS or study.PILOT_LENGTHS[0]), argv)
+    main_after_pilot(
+        core_study(study.STEPS or study.PILOT_LENGTHS[0]),
+        study.STEPS is not None,
+        "the good-lr study's run length is not set: run `python -m studies.good_lr.pilot` first and commit its "
+        "result (good_lr_plan.md, 'Pilot'); until then only --quick runs",
+        argv,
+    )

@@ -4,12 +4,11 @@ studies.long_horizon`."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from studies.engine.definition import ReportInputs, Study, StudySettings
 from studies.engine.report import RunRecord
-from studies.engine.run import main as run_study_main
+from studies.engine.run import main_after_pilot
 from studies.long_horizon import study
 from studies.long_horizon.report import long_horizon_report
 from studies.long_horizon.report import long_horizon_table as table
@@ -52,10 +51,10 @@ LONG_HORIZON = long_horizon_study(study.REGIME or study.PILOT_REGIMES[0], Path("
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m studies.long_horizon`: refused (but for --quick and --help) until the pilot has chosen REGIME."""
-    args = sys.argv[1:] if argv is None else argv
-    if study.REGIME is None and not {"--quick", "-h", "--help"} & set(args):
-        raise SystemExit(
-            "no long-horizon regime is chosen: run `python -m studies.long_horizon.pilot` first; the main runs start "
-            "only if a regime passes its gate (long_horizon_plan.md, 'Pilot')"
-        )
-    run_study_main(LONG_HORIZON, argv)
+    main_after_pilot(
+        LONG_HORIZON,
+        study.REGIME is not None,
+        "no long-horizon regime is chosen: run `python -m studies.long_horizon.pilot` first; the main runs start "
+        "only if a regime passes its gate (long_horizon_plan.md, 'Pilot')",
+        argv,
+    )
