@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from studies.engine.definition import ReportInputs, Study
+from studies.engine.definition import Study
 from studies.engine.run import main_after_pilot
 from studies.good_lr import study
 from studies.good_lr.report import good_lr_report
 from studies.toy.study import shipped_model
-
-
-def write_core_report(inputs: ReportInputs) -> list[dict]:
-    """The core's report (studies.good_lr.report): written once the runs have finished, before any verdict is read."""
-    return good_lr_report(inputs)
 
 
 def core_study(steps: int, out: Path = Path("studies/good_lr/runs")) -> Study:
@@ -33,7 +28,7 @@ def core_study(steps: int, out: Path = Path("studies/good_lr/runs")) -> Study:
         quick_out=Path("runs/good_lr_quick"),
         report=Path("studies/good_lr/good_lr_study.md"),
         model_identity=shipped_model,
-        write_report=write_core_report,
+        write_report=good_lr_report,  # written once the runs have finished, before any verdict is read
         fit_flags=study.regime_flags(),
         derived_arms=(study.QUERY_KL_SIGNAL, study.SIMPLER_SIGNAL),
     )
